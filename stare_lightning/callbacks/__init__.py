@@ -1,0 +1,7 @@
+"""Callbacks: entropy guard, rollout sample dump, end-of-fit summary (early stopping and checkpoints are Lightning's)."""
+
+from stare_lightning.callbacks.entropy_guard import EntropyGuard
+from stare_lightning.callbacks.run_summary import RunSummary
+from stare_lightning.callbacks.sample_dump import RolloutSampleDump
+
+__all__ = ["EntropyGuard", "RolloutSampleDump", "RunSummary"]

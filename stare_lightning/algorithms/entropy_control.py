@@ -1,0 +1,213 @@
+"""Entropy-control baselines that STARE is compared against, as token masks and penalties.
+
+What it implements:
+- Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+  Reasoning Language Models"). Per valid token, the centred covariance
+  cov = (log pi(o) - mean log pi(o)) * (A - mean A), means over the valid tokens given.
+  Clip-Cov detaches the gradient of n = max(1, floor(clip_ratio * N)) tokens drawn uniformly at
+  random among those with lb < cov < ub (fewer if fewer qualify); tokens whose PPO clip is already
+  active can be excluded from the draw. KL-Cov adds coef * |log pi - log pi_old| to the loss of the
+  k = max(1, floor(kl_cov_ratio * N)) tokens of highest covariance.
+- The 80/20 rule (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive
+  Effective RL for LLM Reasoning"): the policy gradient flows only through the top fraction of valid
+  tokens by entropy, selected over the batch given.
+- An adaptive entropy-bonus coefficient steered toward a target entropy, in the manner of
+  Skywork-OR1 (He et al. 2025): coef <- clip(coef + lr * sign(H_tgt - H), min_coef, max_coef).
+
+Departures: the 80/20 selection takes exactly k = ceil(fraction * N) tokens (ties broken by
+position) where the paper thresholds at the batch's entropy percentile (which keeps all ties); the
+covariance statistics are computed over the tokens given (a micro-batch, as in the reference code),
+and the KL-Cov ranking breaks ties by position.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from stare_lightning.algorithms.surrogates import broadcast_advantages
+
+__all__ = [
+    "AdaptiveEntropyCoefficient",
+    "clip_cov_mask",
+    "kl_cov_penalty",
+    "token_covariance",
+    "top_entropy_mask",
+]
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_fraction(name: str, value, *, allow_zero: bool = False) -> None:
+    low_ok = (value >= 0) if allow_zero else (value > 0)
+    if not _is_number(value) or not (low_ok and value <= 1):
+        rng = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{name}={value!r} is out of range: must be a number in {rng}")
+
+
+def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Centred per-token covariance (log pi - mean log pi)(A - mean A), means over valid tokens; 0 elsewhere."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs has shape {tuple(logprobs.shape)}; expected [B, T]")
+    if mask.shape != logprobs.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}; expected {tuple(logprobs.shape)}")
+    valid = mask.to(torch.bool)
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    lp = logprobs.detach().to(dtype)
+    adv = broadcast_advantages(advantages, logprobs).detach().to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=lp.device)
+    n = valid.sum().clamp(min=1)
+    mean_lp = torch.where(valid, lp, zero).sum() / n
+    mean_adv = torch.where(valid, adv, zero).sum() / n
+    return torch.where(valid, (lp - mean_lp) * (adv - mean_adv), zero)
+
+
+def clip_cov_mask(
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_ratio: float = 2e-4,
+    lb: float = 1.0,
+    ub: float = 5.0,
+    exclude: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
+    """Bool [B, T]: the tokens whose gradient Clip-Cov detaches (see module doc).
+
+    exclude: bool [B, T] of tokens not eligible (e.g. those whose PPO clip is already active).
+    generator: for the random draw (on the device of `logprobs`).
+    """
+    _check_fraction("clip_ratio", clip_ratio)
+    if not (_is_number(lb) and _is_number(ub)) or not (math.isfinite(lb) and math.isfinite(ub)) or not lb < ub:
+        raise ValueError(f"lb={lb!r}, ub={ub!r} are out of range: must be finite numbers with lb < ub")
+    cov = token_covariance(logprobs, advantages, mask)
+    valid = mask.to(torch.bool)
+    eligible = valid & (cov > lb) & (cov < ub)
+    if exclude is not None:
+        if exclude.shape != logprobs.shape:
+            raise ValueError(f"exclude has shape {tuple(exclude.shape)}; expected {tuple(logprobs.shape)}")
+        eligible = eligible & ~exclude.to(torch.bool)
+    out = torch.zeros_like(valid)
+    n_valid = int(valid.sum().item())
+    if n_valid == 0:
+        return out
+    n_clip = max(1, int(clip_ratio * n_valid))
+    idx = eligible.flatten().nonzero().squeeze(1)
+    if idx.numel() == 0:
+        return out
+    perm = torch.randperm(idx.numel(), generator=generator, device=idx.device)
+    chosen = idx[perm[: min(n_clip, idx.numel())]]
+    out.view(-1)[chosen] = True
+    return out
+
+
+def kl_cov_penalty(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    kl_cov_ratio: float = 2e-3,
+    coef: float = 1.0,
+) -> Tuple[Tensor, Tensor]:
+    """(penalty [B, T], selected bool [B, T]): coef * |log pi - log pi_old| on the top-covariance tokens, 0 elsewhere.
+
+    The penalty carries gradient to `logprobs`; it is ADDED to the per-token loss.
+    """
+    _check_fraction("kl_cov_ratio", kl_cov_ratio)
+    if not _is_number(coef) or not (math.isfinite(coef) and coef >= 0):
+        raise ValueError(f"coef={coef!r} is out of range: must be a finite number >= 0")
+    if old_logprobs.shape != logprobs.shape:
+        raise ValueError(f"old_logprobs has shape {tuple(old_logprobs.shape)}; expected {tuple(logprobs.shape)}")
+    cov = token_covariance(logprobs, advantages, mask)
+    valid = mask.to(torch.bool)
+    selected = torch.zeros_like(valid)
+    n_valid = int(valid.sum().item())
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    if n_valid > 0:
+        k = max(1, int(kl_cov_ratio * n_valid))
+        idx = valid.flatten().nonzero().squeeze(1)
+        order = torch.sort(cov.flatten()[idx], descending=True, stable=True).indices
+        selected.view(-1)[idx[order[:k]]] = True
+    diff = (logprobs.to(dtype) - old_logprobs.to(dtype)).abs()
+    penalty = torch.where(selected, coef * diff, torch.zeros((), dtype=dtype, device=diff.device))
+    return penalty, selected
+
+
+def top_entropy_mask(entropy: Tensor, mask: Tensor, top_fraction: float = 0.2) -> Tensor:
+    """Bool [B, T]: the k = ceil(top_fraction * N) valid tokens of highest entropy (ties: earlier position first).
+
+    These keep their policy gradient under the 80/20 rule; all other tokens are detached.
+    """
+    _check_fraction("top_fraction", top_fraction)
+    if mask.shape != entropy.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}; expected {tuple(entropy.shape)}")
+    valid = mask.to(torch.bool)
+    out = torch.zeros_like(valid)
+    idx = valid.flatten().nonzero().squeeze(1)
+    n_valid = idx.numel()
+    if n_valid == 0:
+        return out
+    k = min(n_valid, max(1, math.ceil(top_fraction * n_valid - 1e-7)))
+    scores = entropy.detach().flatten()[idx]
+    order = torch.sort(scores, descending=True, stable=True).indices
+    out.view(-1)[idx[order[:k]]] = True
+    return out
+
+
+class AdaptiveEntropyCoefficient:
+    """Entropy-bonus coefficient steered toward a target entropy (see module doc).
+
+    update(H) moves the coefficient by lr toward more bonus when H < target and less when H > target
+    (unchanged at equality), clips to [min_coef, max_coef], and returns the value to use in this
+    same step. A non-finite H warns and leaves the coefficient unchanged.
+    """
+
+    def __init__(self, target: float, init_coef: float, lr: float, min_coef: float = 0.0,
+                 max_coef: float = math.inf) -> None:
+        if not _is_number(target) or not (math.isfinite(target) and target >= 0):
+            raise ValueError(f"target={target!r} is out of range: must be a finite number >= 0")
+        if not _is_number(lr) or not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"lr={lr!r} is out of range: must be a finite number >= 0")
+        if not _is_number(min_coef) or not (math.isfinite(min_coef) and min_coef >= 0):
+            raise ValueError(f"min_coef={min_coef!r} is out of range: must be a finite number >= 0")
+        if not _is_number(max_coef) or math.isnan(max_coef) or max_coef < min_coef:
+            raise ValueError(f"max_coef={max_coef!r} is out of range: must be a number >= min_coef={min_coef}")
+        if not _is_number(init_coef) or not min_coef <= init_coef <= max_coef:
+            raise ValueError(f"init_coef={init_coef!r} is out of range: must lie in [min_coef={min_coef}, "
+                             f"max_coef={max_coef}]")
+        self.target = float(target)
+        self.lr = float(lr)
+        self.min_coef = float(min_coef)
+        self.max_coef = float(max_coef)
+        self.coef = float(init_coef)
+        self.last_entropy: Optional[float] = None
+
+    def update(self, entropy: Union[float, Tensor]) -> float:
+        value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
+        if not math.isfinite(value):
+            warnings.warn(f"AdaptiveEntropyCoefficient.update got a non-finite entropy ({value}); keeping "
+                          f"coef={self.coef}", RuntimeWarning, stacklevel=2)
+            return self.coef
+        direction = float((self.target > value) - (self.target < value))
+        self.coef = min(max(self.coef + self.lr * direction, self.min_coef), self.max_coef)
+        self.last_entropy = value
+        return self.coef
+
+    def state_dict(self) -> Dict[str, Optional[float]]:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: Dict[str, Optional[float]]) -> None:
+        missing = {"coef", "last_entropy"} - set(state)
+        if missing:
+            raise ValueError(f"AdaptiveEntropyCoefficient state is missing keys {sorted(missing)}")
+        self.coef = float(state["coef"])
+        last = state["last_entropy"]
+        self.last_entropy = None if last is None else float(last)

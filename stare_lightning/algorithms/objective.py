@@ -1,0 +1,146 @@
+"""The policy loss of one micro-batch: entropy control, clipped surrogate with token weights, KL and entropy terms.
+
+What it implements, in this order (docs/stare-method.md, sections 3 and 5):
+1. entropy-control masks (Cui et al. 2025 Clip-Cov / KL-Cov; Wang et al. 2025 80/20 rule): the
+   selected tokens' log-probs are detached (Clip-Cov: the drawn high-covariance tokens; 80/20: all
+   but the top-entropy tokens), which zeroes their policy gradient and keeps the loss value;
+2. the PPO clipped surrogate (clip-higher, optional dual clip), multiplied AFTER clipping by the
+   token weights (STARE's omega; Luo et al. 2026, arXiv 2606.19236); KL-Cov then adds its penalty;
+3. aggregation with the step-global `LossNormalizer`, so the micro-batch losses sum to the step loss;
+4. + kl_coef * (the KL estimator against the reference policy, aggregated the same way);
+5. - entropy_coef * (the entropy bonus, aggregated the same way).
+With no token weights (or all ones) and no extras this is plain GRPO/PPO, bit for bit.
+
+Departure: KL-Cov follows Cui et al., whose loss replaces the PPO clip by the KL penalty, so with
+entropy_control = "kl_cov" the surrogate is the unclipped ratio times A (clip settings unused).
+Clip-Cov keeps the PPO clip and draws only among tokens whose clip is not already active.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from stare_lightning.algorithms.config import AlgorithmConfig
+from stare_lightning.algorithms.entropy_control import clip_cov_mask, kl_cov_penalty, top_entropy_mask
+from stare_lightning.algorithms.surrogates import (
+    LOG_RATIO_CLAMP,
+    LossNormalizer,
+    aggregate_loss,
+    broadcast_advantages,
+    clipped_surrogate,
+    entropy_bonus,
+    kl_penalty,
+)
+
+__all__ = ["policy_loss"]
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: AlgorithmConfig,
+    normalizer: LossNormalizer,
+    *,
+    token_weights: Optional[Tensor] = None,
+    ref_logprobs: Optional[Tensor] = None,
+    entropy: Optional[Tensor] = None,
+    entropy_coef: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """(loss, stats) of one micro-batch.
+
+    logprobs: [B, T] with gradient; old_logprobs: [B, T] (detached current ones when on-policy);
+    advantages: [B] or [B, T]; mask: [B, T]; token_weights: STARE weights [B, T] or None;
+    ref_logprobs: needed when cfg.kl_coef > 0; entropy: [B, T] with gradient, needed for an entropy
+    bonus and for entropy_control = "top_entropy"; entropy_coef: the coefficient to use this step
+    (None: cfg.entropy_coef; pass the adaptive value when cfg.entropy_target is set);
+    generator: the random draw of Clip-Cov.
+
+    stats (detached 0-d float32 tensors, SUMS over this micro-batch's valid tokens, so callers add them
+    over micro-batches and ranks and divide by global counts): tokens, clip_low, clip_high, clip_dual,
+    controlled (tokens detached or penalised by the entropy control), pg_loss (this micro-batch's
+    share of the aggregated surrogate), ratio_sum, and when the inputs exist kl_sum, kl_loss,
+    entropy_sum, entropy_loss, weight_sum.
+    """
+    if entropy_coef is None:
+        entropy_coef = cfg.entropy_coef
+    if isinstance(entropy_coef, bool) or not isinstance(entropy_coef, (int, float)) or not math.isfinite(entropy_coef):
+        raise ValueError(f"entropy_coef={entropy_coef!r} is not allowed: must be a finite number or None")
+    adv = broadcast_advantages(advantages, logprobs)
+    valid = mask.to(torch.bool)
+    stats: Dict[str, Tensor] = {}
+
+    detach = None
+    if cfg.entropy_control == "clip_cov":
+        with torch.no_grad():
+            r = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            active = valid & (((adv > 0) & (r > 1 + cfg.clip_eps_high)) | ((adv < 0) & (r < 1 - cfg.clip_eps_low)))
+            detach = clip_cov_mask(logprobs, adv, mask, clip_ratio=cfg.clip_cov_ratio, lb=cfg.clip_cov_lb,
+                                   ub=cfg.clip_cov_ub, exclude=active, generator=generator)
+    elif cfg.entropy_control == "top_entropy":
+        if entropy is None:
+            raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
+        keep = top_entropy_mask(entropy, mask, cfg.top_entropy_fraction)
+        detach = valid & ~keep
+    lp_surrogate = logprobs if detach is None else torch.where(detach, logprobs.detach(), logprobs)
+
+    if cfg.entropy_control == "kl_cov":
+        eps_low, eps_high, dual = 1.0, math.inf, None
+    else:
+        eps_low, eps_high, dual = cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c
+    per_token, sstats = clipped_surrogate(
+        lp_surrogate, old_logprobs, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual,
+        token_weights=token_weights,
+    )
+    controlled = detach
+    if cfg.entropy_control == "kl_cov":
+        penalty, controlled = kl_cov_penalty(logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio,
+                                             coef=cfg.kl_cov_coef)
+        per_token = per_token + penalty
+
+    pg_loss = aggregate_loss(per_token, mask, cfg.loss_agg, normalizer)
+    loss = pg_loss
+    f32 = torch.float32
+
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(f"ref_logprobs=None is not allowed with kl_coef={cfg.kl_coef}: pass the reference log-probs")
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
+        kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, normalizer)
+        if cfg.kl_coef > 0:
+            loss = loss + cfg.kl_coef * kl_loss
+        stats["kl_sum"] = torch.where(valid, kl, torch.zeros((), dtype=kl.dtype, device=kl.device)).sum().detach().to(f32)
+        stats["kl_loss"] = kl_loss.detach().to(f32)
+
+    if entropy_coef != 0 and entropy is None:
+        raise ValueError(f"entropy=None is not allowed with entropy_coef={entropy_coef}: pass per-token entropy")
+    if entropy is not None:
+        bonus = entropy_bonus(entropy, mask)
+        ent_loss = aggregate_loss(bonus, mask, cfg.loss_agg, normalizer)
+        if entropy_coef != 0:
+            loss = loss - entropy_coef * ent_loss
+        stats["entropy_sum"] = bonus.sum().detach().to(f32)
+        stats["entropy_loss"] = ent_loss.detach().to(f32)
+
+    with torch.no_grad():
+        stats["tokens"] = sstats.tokens
+        stats["clip_low"] = sstats.clip_low
+        stats["clip_high"] = sstats.clip_high
+        stats["clip_dual"] = sstats.clip_dual
+        stats["controlled"] = (
+            torch.zeros((), dtype=f32, device=logprobs.device) if controlled is None
+            else (controlled & valid).sum().to(f32)
+        )
+        stats["pg_loss"] = pg_loss.detach().to(f32)
+        ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        stats["ratio_sum"] = torch.where(valid, ratio, torch.zeros((), dtype=ratio.dtype, device=ratio.device)).sum().to(f32)
+        if token_weights is not None:
+            stats["weight_sum"] = torch.where(valid, token_weights, torch.zeros((), dtype=token_weights.dtype,
+                                                                                    device=token_weights.device)).sum().to(f32)
+    return loss, stats

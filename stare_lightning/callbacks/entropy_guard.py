@@ -1,0 +1,43 @@
+"""Warn about, or stop, a run whose policy entropy stays outside a band (collapse or blow-up)."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning
+from lightning.pytorch.callbacks import Callback
+
+
+class EntropyGuard(Callback):
+    def __init__(self, low: float = 0.01, high: float = 10.0, patience: int = 20, action: str = "warn",
+                 metric: str = "train/entropy") -> None:
+        if action not in ("warn", "stop"):
+            raise ValueError(f"callbacks.entropy_guard.action={action!r} is not allowed; choose one of ['warn', 'stop']")
+        if not 0 <= low < high:
+            raise ValueError(f"callbacks.entropy_guard needs 0 <= low < high, got low={low}, high={high}")
+        if patience < 1:
+            raise ValueError(f"callbacks.entropy_guard.patience must be >= 1, got {patience}")
+        self.low, self.high, self.patience, self.action, self.metric = low, high, patience, action, metric
+        self.steps_outside = 0
+
+    def on_train_batch_end(self, trainer: lightning.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        value = trainer.callback_metrics.get(self.metric)
+        if value is None:
+            return
+        entropy = float(value)
+        self.steps_outside = self.steps_outside + 1 if not self.low <= entropy <= self.high else 0
+        if self.steps_outside == self.patience:
+            message = (
+                f"{self.metric}={entropy:.4f} has been outside [{self.low}, {self.high}] for {self.patience} steps "
+                f"(step {trainer.global_step})"
+            )
+            if self.action == "stop":
+                trainer.should_stop = True
+                message += ": stopping"
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+    def state_dict(self) -> dict:
+        return {"steps_outside": self.steps_outside}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.steps_outside = state_dict.get("steps_outside", 0)

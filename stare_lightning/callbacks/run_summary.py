@@ -1,0 +1,94 @@
+"""The end-of-fit report: a table of what moved (accuracy, diversity, entropy, gate, quadrants) and a PNG."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning
+from lightning.pytorch.callbacks import Callback
+
+VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/entropy", "val/response_length/mean")
+TRAIN_KEYS = ("train/entropy", "train/reward/mean", "train/distinct_correct", "train/stare/gate_on", "train/stare/w")
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+class RunSummary(Callback):
+    """Collects validation results (the first one is the starting policy) and per-step training metrics."""
+
+    def __init__(self, png_name: str = "curves.png") -> None:
+        self.png_name = png_name
+        self.validations: list[dict[str, float]] = []
+        self.train_history: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer: lightning.Trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        if values:
+            self.validations.append(values)
+
+    def on_train_batch_end(self, trainer: lightning.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.train_history.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(metric, at start, at end) rows of the table."""
+        rows = []
+        first, last = (self.validations[0], self.validations[-1]) if self.validations else ({}, {})
+        for key in VAL_KEYS:
+            if key in first or key in last:
+                rows.append((key, _fmt(first.get(key)), _fmt(last.get(key))))
+        head, tail = self.train_history[:10], self.train_history[-10:]
+        for key in TRAIN_KEYS:
+            start, end = _mean(head, key), _mean(tail, key)
+            if start is not None or end is not None:
+                rows.append((key + " (first/last 10 steps)", _fmt(start), _fmt(end)))
+        for quadrant in QUADRANTS:
+            key = f"train/quadrant/exact/{quadrant}/tokens"
+            start, end = _mean(head, key), _mean(tail, key)
+            if start is not None:
+                rows.append((key, _fmt(start), _fmt(end)))
+        return rows
+
+    def on_fit_end(self, trainer: lightning.Trainer, pl_module) -> None:
+        if trainer.global_rank != 0:
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"stare_lightning: {pl_module.cfg.algorithm.name} after {trainer.global_step} steps")
+        for column in ("metric", "start", "end"):
+            table.add_column(column)
+        for row in self.rows():
+            table.add_row(*row)
+        console = Console()
+        console.print(table)
+        png = self.write_png(trainer)
+        if png is not None:
+            console.print(f"curves: {png}")
+
+    def write_png(self, trainer: lightning.Trainer) -> Path | None:
+        csv_dirs = [Path(lg.log_dir) for lg in trainer.loggers if type(lg).__name__ == "CSVLogger"]
+        if not csv_dirs or not (csv_dirs[0] / "metrics.csv").is_file():
+            return None
+        from stare_lightning.metrics.plots import load_run, plot_runs
+
+        out = Path(trainer.default_root_dir) / self.png_name
+        plot_runs({Path(trainer.default_root_dir).name: load_run(csv_dirs[0])}, out)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"validations": self.validations, "train_history": self.train_history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.validations = list(state_dict.get("validations", []))
+        self.train_history = list(state_dict.get("train_history", []))
+
+
+def _mean(history: list[dict[str, float]], key: str) -> float | None:
+    values = [h[key] for h in history if key in h and math.isfinite(h[key])]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

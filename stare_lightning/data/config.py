@@ -1,0 +1,127 @@
+"""``DataConfig``: the typed ``data`` config group, checked in ``__post_init__`` before anything runs.
+
+Plain types only (str / int / bool / Optional / list / dict), so it works as an OmegaConf structured
+config. Two ways to get prompts:
+
+- a built-in task (``task: countdown | arithmetic``, settings in ``task_kwargs``): ``train_size`` and
+  ``val_size`` records are generated, deterministically from ``seed``;
+- files (``task: null``, ``train_files`` and optionally ``val_files``): every record of every file is
+  used (``train_size`` does not apply); without ``val_files``, ``val_size`` records are held out from
+  the training files (a seeded draw), and ``val_size: 0`` turns validation off.
+
+``prompts_per_step`` prompts go to each rank per step, so one optimizer step sees
+``global_batch_size(world_size)`` prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..rewards.registry import get_verifier, is_user_verifier_name
+from .tasks import STYLES, task_names, task_params
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from and how they are batched. See the module docstring."""
+
+    task: Optional[str] = "countdown"
+    task_kwargs: dict = field(default_factory=dict)
+    prompt_style: str = "plain"  # plain | instruct
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    train_size: int = 20000
+    val_size: int = 64
+    seed: int = 1234
+    prompts_per_step: int = 16
+    val_batch_size: int = 64
+    max_prompt_length: int = 64
+    num_workers: int = 0
+    default_verifier: Optional[str] = None
+    user_verifiers: list[str] = field(default_factory=list)  # package.module:function names records may use
+    columns: dict = field(default_factory=dict)  # schema key -> field name in the files (dotted paths allowed)
+    train_split: str = "train"  # split of a `datasets` source holding train_files
+    val_split: str = "test"  # split of a `datasets` source holding val_files
+
+    def __post_init__(self) -> None:
+        # OmegaConf hands over ListConfig / DictConfig; keep plain containers from here on.
+        for name in ("train_files", "val_files", "user_verifiers"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, Sequence):
+                raise ValueError(f"data.{name} must be a list of strings, got {value!r}")
+            value = list(value)
+            for i, item in enumerate(value):
+                if not isinstance(item, str) or not item:
+                    raise ValueError(f"data.{name}[{i}] must be a non-empty string, got {item!r}")
+            setattr(self, name, value)
+        for name in ("task_kwargs", "columns"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping):
+                raise ValueError(f"data.{name} must be a mapping, got {value!r}")
+            setattr(self, name, dict(value))
+
+        for name in ("train_size", "val_size", "seed", "prompts_per_step", "val_batch_size", "max_prompt_length", "num_workers"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"data.{name} must be an int, got {value!r}")
+        for name, low in (("train_size", 1), ("val_size", 0), ("prompts_per_step", 1), ("val_batch_size", 1),
+                          ("max_prompt_length", 1), ("num_workers", 0), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"data.{name} must be >= {low}, got {getattr(self, name)}")
+
+        if self.prompt_style not in STYLES:
+            raise ValueError(f"data.prompt_style must be one of {list(STYLES)}, got {self.prompt_style!r}")
+        if self.task is not None:
+            if self.task not in task_names():
+                raise ValueError(
+                    f"data.task must be one of {task_names()} or null (to train from data.train_files), got {self.task!r}"
+                )
+            if self.train_files or self.val_files:
+                raise ValueError(
+                    f"data.task={self.task!r} and data.train_files/val_files are both set; "
+                    "set data.task=null to train from files, or drop the files to use the built-in task"
+                )
+            task_params(self.task, self.task_kwargs)  # raises on unknown / bad keys
+        else:
+            if not self.train_files:
+                raise ValueError("data.task is null, so data.train_files must list at least one file or data set")
+            if self.task_kwargs:
+                raise ValueError("data.task_kwargs is set but data.task is null; remove it or choose a task")
+
+        for name in self.user_verifiers:
+            if not is_user_verifier_name(name):
+                raise ValueError(f"data.user_verifiers: {name!r} is not of the form 'package.module:function'")
+            try:
+                get_verifier(name)
+            except ValueError as exc:
+                raise ValueError(f"data.user_verifiers: {exc}") from None
+        if self.default_verifier is not None:
+            try:
+                get_verifier(self.default_verifier)
+            except ValueError as exc:
+                raise ValueError(f"data.default_verifier: {exc}") from None
+
+        from .records import SCHEMA_KEYS
+
+        bad = sorted(set(self.columns) - set(SCHEMA_KEYS))
+        if bad:
+            raise ValueError(f"data.columns: unknown schema keys {bad}; allowed: {list(SCHEMA_KEYS)}")
+        for key, value in self.columns.items():
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"data.columns.{key} must be a field name, got {value!r}")
+        for name in ("train_split", "val_split"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"data.{name} must be a non-empty string")
+
+    def global_batch_size(self, world_size: int) -> int:
+        """Prompts per optimizer step over all ranks."""
+        return self.prompts_per_step * world_size
+
+    def allowed_user_verifiers(self) -> list[str]:
+        """User verifier names records may use: ``user_verifiers`` plus a user ``default_verifier``."""
+        names = list(self.user_verifiers)
+        if self.default_verifier and is_user_verifier_name(self.default_verifier) and self.default_verifier not in names:
+            names.append(self.default_verifier)
+        return names

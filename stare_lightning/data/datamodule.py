@@ -1,0 +1,379 @@
+"""``PromptDataModule``: streams tokenised prompt records, sharded over ranks, resumable mid-stream.
+
+No generation happens here (rollouts run inside ``training_step``); each loader batch is a plain list of
+item dicts::
+
+    {"id": str, "prompt_ids": list[int], "prompt_text": str, "answer": str, "verifier": str, "metadata": dict}
+
+``prompt_text`` is the rendered prompt (after the chat template, before truncation); ``prompt_ids`` keeps
+its last ``max_prompt_length`` tokens (left truncation: the end of a prompt, where the question and the
+generation prompt sit, survives). Chat records are rendered with the tokenizer's chat template
+(``add_generation_prompt=True``); a plain ``prompt`` string is wrapped as one user message when the prompt
+style is ``instruct`` and the tokenizer has a chat template, and is otherwise tokenised as it is
+(``add_special_tokens=True``: a BOS token is added by tokenizers that define one). ``encode_prompt`` is
+public so supervised training can encode prompts the same way.
+
+Training loader: infinite. Epoch ``e`` visits the training records in a permutation seeded by
+``seed + e``, cut into global batches of ``prompts_per_step * world_size`` (the tail that does not fill a
+global batch is skipped in that epoch); rank ``r`` takes slice ``r`` of every global batch, so ranks never
+share a prompt within a step. The position is the number of batches consumed, counted in
+``on_after_batch_transfer`` while the trainer is training (Lightning fetches one batch ahead, so counting
+in the iterator would be one off); it is saved by ``state_dict`` and restored by ``load_state_dict``, so a
+resumed run continues with exactly the batches an uninterrupted run would have seen. The
+LightningModule must not override ``on_after_batch_transfer`` (Lightning would then call only the
+datamodule's and warn).
+
+Validation loader: finite, the whole validation split, no duplicates and no padding. Rank ``r`` takes
+records ``r, r + W, r + 2W, ...``; every rank gets the same number of batches (so collective calls inside
+``validation_step`` line up), ceil(ceil(N / W) / val_batch_size), and a rank's records are spread evenly
+over them, so ranks may hold one record more or less than each other and batches may be smaller than
+``val_batch_size``. Only with ``val_batch_size=1`` and N not divisible by W can a rank's last batch be
+empty.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .config import DataConfig
+from .records import PromptRecord, load_records
+from .tasks import build_records
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """True when the tokenizer carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(record: PromptRecord, tokenizer: Any, style: str) -> tuple[str, bool]:
+    """The prompt text to tokenise and whether it came from the chat template."""
+    if record.messages is not None:
+        if not has_chat_template(tokenizer):
+            raise ValueError(
+                f"record {record.id!r} holds chat messages but the tokenizer has no chat template; "
+                "use data.prompt_style=plain (built-in tasks) or a tokenizer with a chat template"
+            )
+        return tokenizer.apply_chat_template(record.messages, tokenize=False, add_generation_prompt=True), True
+    if style == "instruct" and has_chat_template(tokenizer):
+        messages = [{"role": "user", "content": record.prompt}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+    return record.prompt, False
+
+
+def encode_prompt(record: PromptRecord, tokenizer: Any, *, style: str, max_length: int) -> tuple[list[int], str, bool]:
+    """``(prompt_ids, prompt_text, truncated)`` for one record; ids keep the last ``max_length`` tokens."""
+    text, templated = render_prompt(record, tokenizer, style)
+    ids = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+    if not ids:
+        raise ValueError(f"record {record.id!r}: the prompt encodes to no tokens")
+    truncated = len(ids) > max_length
+    if truncated:
+        ids = ids[-max_length:]
+    return ids, text, truncated
+
+
+class _Encoder:
+    """Turns records into item dicts; warns once about truncated prompts.
+
+    Nothing is cached: encoding a step's prompts costs milliseconds, while caching every prompt of a
+    large data set would cost memory on every rank.
+    """
+
+    def __init__(self, tokenizer: Any, style: str, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.style = style
+        self.max_length = max_length
+        self._warned = False
+
+    def __call__(self, record: PromptRecord) -> dict:
+        style = record.metadata.get("style", self.style)
+        ids, text, truncated = encode_prompt(record, self.tokenizer, style=style, max_length=self.max_length)
+        if truncated and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"prompt of record {record.id!r} is longer than data.max_prompt_length={self.max_length} tokens "
+                "and was left-truncated (further truncations are not reported)",
+                stacklevel=2,
+            )
+        return {
+            "id": record.id,
+            "prompt_ids": ids,
+            "prompt_text": text,
+            "answer": record.answer,
+            "verifier": record.verifier,
+            "metadata": dict(record.metadata),
+        }
+
+
+def epoch_order(num_records: int, seed: int, epoch: int) -> list[int]:
+    """The visiting order of epoch ``epoch``: a permutation seeded by ``seed + epoch``."""
+    order = list(range(num_records))
+    random.Random(seed + epoch).shuffle(order)
+    return order
+
+
+class TrainPromptStream(IterableDataset):
+    """Infinite stream of per-rank prompt batches (lists of item dicts), starting at ``start_batch``."""
+
+    def __init__(
+        self,
+        records: list[PromptRecord],
+        encode: Callable[[PromptRecord], dict],
+        *,
+        seed: int,
+        prompts_per_step: int,
+        rank: int,
+        world_size: int,
+        start_batch: int = 0,
+    ) -> None:
+        self.records = records
+        self.encode = encode
+        self.seed = seed
+        self.per_rank = prompts_per_step
+        self.rank = rank
+        self.world_size = world_size
+        self.global_batch = prompts_per_step * world_size
+        self.batches_per_epoch = len(records) // self.global_batch
+        if self.batches_per_epoch < 1:
+            raise ValueError(
+                f"{len(records)} training records cannot fill one global batch of {self.global_batch} "
+                f"(data.prompts_per_step={prompts_per_step} x world size {world_size})"
+            )
+        self.start_batch = start_batch
+
+    def batch_indices(self, batch: int) -> list[int]:
+        """Record indices this rank gets for global batch number ``batch`` (counted from the first epoch)."""
+        epoch, j = divmod(batch, self.batches_per_epoch)
+        order = epoch_order(len(self.records), self.seed, epoch)
+        lo = j * self.global_batch + self.rank * self.per_rank
+        return order[lo : lo + self.per_rank]
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        batch = self.start_batch
+        epoch, order = None, None
+        while True:
+            if batch % num_workers == worker:  # DataLoader workers are read round-robin: order is kept
+                e, j = divmod(batch, self.batches_per_epoch)
+                if e != epoch:
+                    epoch, order = e, epoch_order(len(self.records), self.seed, e)
+                lo = j * self.global_batch + self.rank * self.per_rank
+                yield [self.encode(self.records[i]) for i in order[lo : lo + self.per_rank]]
+            batch += 1
+
+
+class ValPromptBatches(IterableDataset):
+    """The finite validation batches of one rank (see the module docstring for the split)."""
+
+    def __init__(self, records: list[PromptRecord], encode: Callable[[PromptRecord], dict], *, batch_size: int,
+                 rank: int, world_size: int) -> None:
+        self.encode = encode
+        shard = records[rank::world_size]
+        largest = math.ceil(len(records) / world_size)
+        self.num_batches = math.ceil(largest / batch_size) if records else 0
+        self.batches: list[list[PromptRecord]] = []
+        start = 0
+        for b in range(self.num_batches):
+            size = len(shard) // self.num_batches + (1 if b < len(shard) % self.num_batches else 0)
+            self.batches.append(shard[start : start + size])
+            start += size
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for b, batch in enumerate(self.batches):
+            if b % num_workers == worker:
+                yield [self.encode(r) for r in batch]
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Prompt records for RL: an infinite, resumable training stream and a finite validation split.
+
+    Args:
+        cfg: the data config (a ``DataConfig`` or a mapping of its fields).
+        tokenizer: a ``transformers`` tokenizer.
+        rank, world_size: override the trainer's values (for tests and tools that run without a Trainer).
+    """
+
+    def __init__(self, cfg: DataConfig, tokenizer: Any, *, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+        super().__init__()
+        if isinstance(cfg, Mapping):
+            cfg = DataConfig(**cfg)
+        if not isinstance(cfg, DataConfig):
+            raise TypeError(f"PromptDataModule needs a DataConfig, got {type(cfg).__name__}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        if world_size is not None and not (type(world_size) is int and type(rank) is int and 0 <= rank < world_size):
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self._rank_override, self._world_override = rank, world_size
+        self.train_records: Optional[list[PromptRecord]] = None
+        self.val_records: Optional[list[PromptRecord]] = None
+        self.batches_consumed = 0
+        self._train_stream: Optional[TrainPromptStream] = None
+        self._encoder = _Encoder(tokenizer, cfg.prompt_style, cfg.max_prompt_length)
+
+    # -- topology --------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        if self._rank_override is not None:
+            return self._rank_override
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        if self._world_override is not None:
+            return self._world_override
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.cfg.global_batch_size(self.world_size)
+
+    # -- loading ---------------------------------------------------------------------------------
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_records is None:
+            self.train_records, self.val_records = self._load()
+            self._check_records()
+        if len(self.train_records) < self.global_batch_size:
+            raise ValueError(
+                f"{len(self.train_records)} training records cannot fill one global batch of {self.global_batch_size} "
+                f"(data.prompts_per_step={self.cfg.prompts_per_step} x world size {self.world_size})"
+            )
+
+    def _load(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        cfg = self.cfg
+        if cfg.task is not None:
+            common = dict(style=cfg.prompt_style, seed=cfg.seed, val_size=cfg.val_size, **cfg.task_kwargs)
+            return (
+                build_records(cfg.task, "train", cfg.train_size, **common),
+                build_records(cfg.task, "val", 0, **common),
+            )
+        kwargs = dict(
+            default_verifier=cfg.default_verifier,
+            user_verifiers=cfg.allowed_user_verifiers(),
+            columns=cfg.columns,
+        )
+        train = self._merge([load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files], cfg.train_files)
+        if cfg.val_files:
+            val = self._merge([load_records(p, split=cfg.val_split, **kwargs) for p in cfg.val_files], cfg.val_files)
+            return train, val
+        if cfg.val_size == 0:
+            return train, []
+        if cfg.val_size >= len(train):
+            raise ValueError(
+                f"data.val_size={cfg.val_size} would hold out all {len(train)} training records; "
+                "lower it, give data.val_files, or set data.val_size=0"
+            )
+        held = set(random.Random(f"holdout/{cfg.seed}").sample(range(len(train)), cfg.val_size))
+        return [r for i, r in enumerate(train) if i not in held], [r for i, r in enumerate(train) if i in held]
+
+    @staticmethod
+    def _merge(parts: list[list[PromptRecord]], sources: list[str]) -> list[PromptRecord]:
+        seen: dict[str, str] = {}
+        merged: list[PromptRecord] = []
+        for records, source in zip(parts, sources):
+            for r in records:
+                if r.id in seen and seen[r.id] != source:
+                    raise ValueError(f"record id {r.id!r} appears in both {seen[r.id]} and {source}; ids must be unique")
+                seen[r.id] = source
+                merged.append(r)
+        return merged
+
+    def _check_records(self) -> None:
+        """Fail before training when a record cannot be rendered with this tokenizer."""
+        if not has_chat_template(self.tokenizer):
+            for r in (*self.train_records, *self.val_records):
+                if r.messages is not None:
+                    render_prompt(r, self.tokenizer, self.cfg.prompt_style)  # raises with the record id
+        if self.train_records:
+            self._encoder(self.train_records[0])  # the tokenizer works on this kind of prompt
+
+    # -- loaders ---------------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        self._require_setup()
+        self._train_stream = TrainPromptStream(
+            self.train_records,
+            self._encoder,
+            seed=self.cfg.seed,
+            prompts_per_step=self.cfg.prompts_per_step,
+            rank=self.rank,
+            world_size=self.world_size,
+            start_batch=self.batches_consumed,
+        )
+        return DataLoader(
+            self._train_stream,
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=self.cfg.num_workers,
+            persistent_workers=self.cfg.num_workers > 0,
+        )
+
+    def val_dataloader(self):
+        self._require_setup()
+        if not self.val_records:
+            return []
+        batches = ValPromptBatches(
+            self.val_records, self._encoder, batch_size=self.cfg.val_batch_size, rank=self.rank, world_size=self.world_size
+        )
+        return DataLoader(batches, batch_size=None, collate_fn=_as_is, num_workers=self.cfg.num_workers)
+
+    def _require_setup(self) -> None:
+        if self.train_records is None:
+            raise RuntimeError("PromptDataModule.setup() must run before asking for a dataloader")
+
+    # -- position --------------------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            self.batches_consumed += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "batches_consumed": self.batches_consumed,
+            "global_batch_size": self.global_batch_size,
+            "num_train_records": len(self.train_records) if self.train_records is not None else None,
+            "seed": self.cfg.seed,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        consumed = state_dict.get("batches_consumed")
+        if type(consumed) is not int or consumed < 0:
+            raise ValueError(f"PromptDataModule state: 'batches_consumed' must be a non-negative int, got {consumed!r}")
+        old_global = state_dict.get("global_batch_size")
+        if old_global and old_global != self.global_batch_size:
+            new = consumed * old_global // self.global_batch_size
+            warnings.warn(
+                f"resuming with a global batch of {self.global_batch_size} prompts instead of {old_global}: "
+                f"continuing at batch {new} (~{consumed * old_global} prompts seen); the order will not match the first run",
+                stacklevel=2,
+            )
+            consumed = new
+        now_records = len(self.train_records) if self.train_records is not None else None
+        for key, now in (("num_train_records", now_records), ("seed", self.cfg.seed)):
+            before = state_dict.get(key)
+            if before is not None and now is not None and before != now:
+                warnings.warn(
+                    f"resuming with data {key}={now} instead of {before}: the prompt order differs from the first run",
+                    stacklevel=2,
+                )
+        self.batches_consumed = consumed
+        if self._train_stream is not None:
+            self._train_stream.start_batch = consumed

@@ -1,0 +1,382 @@
+"""The prompt record schema and its loaders: JSONL, JSON, Parquet, ``datasets`` directories and hub ids.
+
+A record is one prompt with its reference answer and the name of the verifier that scores responses:
+
+    {"id": "q1", "prompt": "What is 2+2?", "answer": "4", "verifier": "numeric", "metadata": {...}}
+
+``messages`` (a chat: ``[{"role": "user", "content": ...}, ...]``) may replace ``prompt``; a ``prompt``
+that is a list of messages is read as ``messages``. ``id`` defaults to ``<file name>:<line or row>``,
+``verifier`` to ``default_verifier``, and keys outside the schema are kept in ``metadata`` (an explicit
+``metadata`` object wins on a clash). ``columns`` renames source fields, dotted paths reach into
+nested objects: ``{"prompt": "question", "answer": "reward_model.ground_truth"}``.
+
+Everything is checked while loading, before any training: malformed JSON (file and line), a missing
+or empty prompt or answer (file, line/row and key), an unknown verifier (with the list of known ones),
+a record its verifier could never score (e.g. a ``numeric`` answer that is not a number), duplicate ids.
+Locations: JSONL ``line N`` (1-based, as in an editor); JSON ``item N`` and Parquet / datasets
+``row N`` (0-based indices).
+
+User verifiers (``package.module:function``) are accepted in records only when the caller allows them
+(``default_verifier`` or ``user_verifiers``, i.e. the config), so a data file cannot pick code to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+from ..rewards.registry import check_record, get_verifier, is_user_verifier_name, known_verifiers, unknown_verifier_message
+
+SCHEMA_KEYS = ("id", "prompt", "messages", "answer", "verifier", "metadata")
+FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+_DATASETS_DIR_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the source, the location and the key."""
+
+
+@dataclass
+class PromptRecord:
+    """One prompt: exactly one of ``prompt`` (plain text) or ``messages`` (a chat) is set."""
+
+    id: str
+    prompt: Optional[str]
+    messages: Optional[list[dict]]
+    answer: str
+    verifier: str
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError(f"record {self.id!r}: exactly one of 'prompt' or 'messages' must be set")
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
+            raise ValueError(f"record {self.id!r}: 'prompt' must be a non-empty string")
+        if self.messages is not None:
+            problem = _messages_problem(self.messages)
+            if problem:
+                raise ValueError(f"record {self.id!r}: {problem}")
+        if not isinstance(self.answer, str):
+            raise ValueError(f"record {self.id!r}: 'answer' must be a string, got {type(self.answer).__name__}")
+        if not isinstance(self.verifier, str) or not self.verifier:
+            raise ValueError(f"record {self.id!r}: 'verifier' must be a non-empty string")
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"record {self.id!r}: 'metadata' must be a dict")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+def _messages_problem(messages: Any) -> Optional[str]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return "'messages' must be a non-empty list of {'role', 'content'} objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            return f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}"
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                return f"messages[{i}] needs a string {key!r}"
+        if not m["role"].strip():
+            return f"messages[{i}] has an empty 'role'"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Raw rows -> records
+# --------------------------------------------------------------------------------------------------
+
+
+def _lookup(row: Mapping, path: str) -> tuple[bool, Any]:
+    node: Any = row
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+class _VerifierNames:
+    """Checks verifier names once each, with the caller's allow-list for user functions."""
+
+    def __init__(self, default_verifier: Optional[str], user_verifiers: Sequence[str]) -> None:
+        self.allowed_user = {v for v in (default_verifier, *user_verifiers) if v and is_user_verifier_name(v)}
+        self.ok: set = set()
+
+    def check(self, name: str) -> Optional[str]:
+        """None when ``name`` is usable, else the problem."""
+        if name in self.ok:
+            return None
+        if is_user_verifier_name(name) and name not in self.allowed_user:
+            return (
+                f"verifier {name!r} is a user function that the config does not name; "
+                "list it in data.user_verifiers (or set it as data.default_verifier) to allow it. "
+                f"Known verifiers: {', '.join(known_verifiers())}"
+            )
+        try:
+            get_verifier(name)
+        except ValueError as exc:
+            return str(exc)
+        self.ok.add(name)
+        return None
+
+
+def _build_record(
+    row: Any,
+    *,
+    source: str,
+    where: str,
+    auto_id: str,
+    default_verifier: Optional[str],
+    names: _VerifierNames,
+    columns: Mapping[str, str],
+) -> PromptRecord:
+    def fail(problem: str) -> DataError:
+        return DataError(f"{source}, {where}: {problem}")
+
+    if not isinstance(row, Mapping):
+        raise fail(f"expected an object with keys {list(SCHEMA_KEYS)}, got {type(row).__name__}")
+    values: dict[str, Any] = {}
+    used: set = set()
+    for key in SCHEMA_KEYS:
+        src = columns.get(key, key)
+        found, value = _lookup(row, src)
+        if found:
+            used.add(src.split(".", 1)[0])
+            values[key] = value
+        elif key in columns:
+            raise fail(f"column {src!r} (mapped to {key!r} by data.columns) is missing; the record has keys {sorted(row)}")
+
+    prompt, messages = values.get("prompt"), values.get("messages")
+    if isinstance(prompt, (list, tuple)) and messages is None:
+        prompt, messages = None, list(prompt)
+    if prompt is not None and messages is not None:
+        raise fail("has both 'prompt' and 'messages'; give exactly one")
+    if prompt is None and messages is None:
+        raise fail(f"missing required key 'prompt' (or 'messages'); the record has keys {sorted(row)}")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+        raise fail(f"key 'prompt' must be a non-empty string, got {prompt!r:.80}")
+    if messages is not None:
+        messages = [dict(m) if isinstance(m, Mapping) else m for m in messages] if isinstance(messages, (list, tuple)) else messages
+        problem = _messages_problem(messages)
+        if problem:
+            raise fail(f"key 'messages': {problem}")
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    if "answer" not in values or values["answer"] is None:
+        raise fail(f"missing required key 'answer'; the record has keys {sorted(row)}")
+    answer = values["answer"]
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise fail(f"key 'answer' must be a string or a number, got {type(answer).__name__}")
+    answer = str(answer)
+    if not answer.strip():
+        raise fail("key 'answer' is empty")
+
+    verifier = values.get("verifier") or default_verifier
+    if verifier is None:
+        raise fail(
+            "missing key 'verifier' and no default verifier is set (data.default_verifier); "
+            f"known verifiers: {', '.join(known_verifiers())}"
+        )
+    if not isinstance(verifier, str):
+        raise fail(f"key 'verifier' must be a string, got {type(verifier).__name__}")
+    problem = names.check(verifier)
+    if problem:
+        raise fail(f"key 'verifier': {problem}")
+
+    metadata = values.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, Mapping):
+        raise fail(f"key 'metadata' must be an object, got {type(metadata).__name__}")
+    metadata = dict(metadata)
+    for key, value in row.items():
+        if key not in used and key not in SCHEMA_KEYS and key not in metadata:
+            metadata[key] = value
+
+    rid = values.get("id")
+    if rid is None or (isinstance(rid, str) and not rid.strip()):
+        rid = auto_id
+    elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise fail(f"key 'id' must be a string or an integer, got {type(rid).__name__}")
+    try:
+        check_record(verifier, answer, metadata)
+    except ValueError as exc:
+        raise fail(f"key 'answer'/'metadata' cannot be scored by verifier {verifier!r}: {exc}") from None
+    return PromptRecord(str(rid), prompt, messages, answer, verifier, metadata)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources -> raw rows, with their location labels
+# --------------------------------------------------------------------------------------------------
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    lineno = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"line {lineno}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}, line {lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}, line {lineno + 1}: not valid UTF-8 ({exc.reason})") from None
+
+
+def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        hint = " (one object per line? name the file .jsonl)" if exc.msg.startswith("Extra data") else ""
+        raise DataError(f"{path}, line {exc.lineno}, column {exc.colno}: malformed JSON ({exc.msg}){hint}") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of records at the top level, got {type(data).__name__}")
+    for i, row in enumerate(data):
+        yield f"item {i}", row
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    for i, row in enumerate(table.to_pylist()):
+        yield f"row {i}", row
+
+
+def _pick_split(ds: Any, source: str, split: Optional[str]) -> Any:
+    import datasets
+
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        splits = list(ds.keys())
+        if split is None:
+            if "train" in splits or len(splits) == 1:
+                return ds["train" if "train" in splits else splits[0]]
+            raise DataError(f"{source}: has splits {splits}; choose one (data.train_split / data.val_split)")
+        if split not in splits:
+            raise DataError(f"{source}: no split {split!r}; available splits: {splits}")
+        return ds[split]
+    return ds
+
+
+def _datasets_rows(source: str, split: Optional[str], *, local: bool) -> Iterator[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{source}: loading a `datasets` {'directory' if local else 'hub id'} needs the `datasets` package "
+            "(pip install 'stare_lightning[datasets]'), or pass a .jsonl/.json/.parquet file"
+        ) from None
+    if local:
+        try:
+            ds = datasets.load_from_disk(source)
+        except Exception as exc:  # noqa: BLE001 - the library raises many kinds
+            raise DataError(f"{source}: cannot load this `datasets` directory ({type(exc).__name__}: {exc})") from None
+    else:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on") or os.environ.get(
+            "HF_DATASETS_OFFLINE", "0"
+        ).lower() in ("1", "true", "yes", "on")
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except Exception as exc:  # noqa: BLE001 - network, auth and format errors all land here
+            why = "HF_HUB_OFFLINE is set" if offline else "no network, an unknown id, or a gated data set"
+            raise DataError(
+                f"{source!r} is not a local file or directory, and loading it as a Hugging Face hub data set failed "
+                f"({why}: {type(exc).__name__}: {str(exc)[:200]}). Hub data sets need a network: on a machine with "
+                "one, run `datasets.load_dataset(...).save_to_disk(DIR)` and pass DIR, or export a .jsonl/.parquet file."
+            ) from None
+    ds = _pick_split(ds, source, split)
+    for i, row in enumerate(ds):
+        yield f"row {i}", row
+
+
+def _rows(source: str, split: Optional[str]) -> Iterator[tuple[str, Any]]:
+    path = Path(source).expanduser()
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".ndjson"):
+            return _jsonl_rows(path)
+        if suffix == ".json":
+            return _json_rows(path)
+        if suffix == ".parquet":
+            return _parquet_rows(path)
+        raise DataError(f"{source}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
+    if path.is_dir():
+        if not any((path / marker).exists() for marker in _DATASETS_DIR_MARKERS):
+            raise DataError(
+                f"{source}: a directory, but not one written by `datasets` save_to_disk "
+                f"(none of {', '.join(_DATASETS_DIR_MARKERS)} inside)"
+            )
+        return _datasets_rows(str(path), split, local=True)
+    looks_local = path.suffix.lower() in FILE_SUFFIXES or source.startswith((".", "/", "~", "\\"))
+    if looks_local or source.count("/") > 1:  # hub ids are "name" or "owner/name"
+        raise DataError(f"data file not found: {source} (working directory: {os.getcwd()})")
+    return _datasets_rows(source, split, local=False)
+
+
+def load_records(
+    path_or_id: Union[str, os.PathLike],
+    *,
+    default_verifier: Optional[str] = None,
+    user_verifiers: Iterable[str] = (),
+    columns: Optional[Mapping[str, str]] = None,
+    split: Optional[str] = None,
+) -> list[PromptRecord]:
+    """Load and validate every record of a .jsonl/.json/.parquet file, a ``save_to_disk`` directory or a hub id.
+
+    Args:
+        path_or_id: a local file or directory, or a Hugging Face data set id (needs a network).
+        default_verifier: verifier for records that name none.
+        user_verifiers: ``package.module:function`` verifiers that records may name.
+        columns: schema key -> source field (dotted paths allowed), for data sets with other field names.
+        split: split of a ``datasets`` source (default: "train", or the only split there is).
+
+    Raises:
+        DataError (a ValueError) naming the source, line/row and key of the first bad record.
+    """
+    source = os.fspath(path_or_id)
+    columns = dict(columns or {})
+    bad_keys = sorted(set(columns) - set(SCHEMA_KEYS))
+    if bad_keys:
+        raise DataError(f"data.columns: unknown schema keys {bad_keys}; allowed: {list(SCHEMA_KEYS)}")
+    for key, value in columns.items():
+        if not isinstance(value, str) or not value:
+            raise DataError(f"data.columns.{key} must be a field name, got {value!r}")
+    names = _VerifierNames(default_verifier, list(user_verifiers))
+    if default_verifier is not None:
+        problem = names.check(default_verifier)
+        if problem:
+            raise DataError(f"default verifier: {problem}")
+    label = Path(source).name or source
+    records: list[PromptRecord] = []
+    first_seen: dict[str, str] = {}
+    for where, row in _rows(source, split):
+        auto_id = f"{label}:{where.split()[-1]}"
+        record = _build_record(
+            row,
+            source=source,
+            where=where,
+            auto_id=auto_id,
+            default_verifier=default_verifier,
+            names=names,
+            columns=columns,
+        )
+        if record.id in first_seen:
+            raise DataError(f"{source}, {where}: duplicate id {record.id!r} (first seen at {first_seen[record.id]})")
+        first_seen[record.id] = where
+        records.append(record)
+    if not records:
+        raise DataError(f"{source}: contains no records")
+    return records

@@ -1,0 +1,106 @@
+"""Arithmetic: evaluate an integer expression such as ``7+3*5``; the answer is the integer (verifier ``numeric``).
+
+Difficulty is set by the number of operands and their digit count (``digits=1``: 1..9, ``digits=2``:
+10..99, ...); operators are drawn from ``ops`` (a subset of ``+-*``, so answers are integers; usual
+precedence, no parentheses). Answers come from the safe evaluator, never from ``eval``.
+
+Splits are deterministic and disjoint: validation expressions are drawn first from their own seeded
+stream, and the training stream skips every one of them (training may repeat its own expressions when
+the space is small).
+
+Prompt styles: plain ``"7+3*5="`` with the response ``"22"`` then EOS; instruct, one user message
+asking for the value within ``\\boxed{}``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+
+from ...rewards.expr import safe_eval
+from ..records import PromptRecord
+
+VERIFIER = "numeric"
+
+
+@dataclass(frozen=True)
+class ArithmeticParams:
+    """Settings of the arithmetic generator (``data.task_kwargs``)."""
+
+    num_operands: int = 3
+    digits: int = 1
+    ops: str = "+-*"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "ops":
+                if not isinstance(value, str) or not value or set(value) - set("+-*") or len(set(value)) != len(value):
+                    raise ValueError(f"data.task_kwargs.ops must be a string of distinct characters from '+-*', got {value!r}")
+            elif type(value) is not int:
+                raise ValueError(f"data.task_kwargs.{f.name} must be an int, got {value!r}")
+        if not 2 <= self.num_operands <= 8:
+            raise ValueError(f"data.task_kwargs.num_operands must be in 2..8, got {self.num_operands}")
+        if not 1 <= self.digits <= 6:
+            raise ValueError(f"data.task_kwargs.digits must be in 1..6, got {self.digits}")
+
+
+def _draw(rng: random.Random, params: ArithmeticParams) -> str:
+    lo, hi = 10 ** (params.digits - 1), 10**params.digits - 1
+    text = str(rng.randint(lo, hi))
+    for _ in range(params.num_operands - 1):
+        text += rng.choice(params.ops) + str(rng.randint(lo, hi))
+    return text
+
+
+def plain_prompt(expression: str) -> str:
+    """``"7+3*5="``"""
+    return f"{expression}="
+
+
+def instruct_message(expression: str) -> str:
+    """The user message of the instruct style."""
+    return f"What is the value of {expression}? Put your final answer within \\boxed{{}}."
+
+
+def make_records(split: str, size: int, *, style: str, seed: int, val_size: int, params: ArithmeticParams) -> list[PromptRecord]:
+    """``size`` records of ``split`` ("train" or "val"); train never contains a val expression."""
+    val_rng = random.Random(f"arithmetic/val/{seed}")
+    val_exprs: list[str] = []
+    seen: set = set()
+    attempts = 0
+    while len(val_exprs) < val_size:
+        attempts += 1
+        if attempts > 200 * val_size + 1000:
+            raise ValueError(
+                f"arithmetic: only {len(val_exprs)} distinct expressions found for val_size={val_size}; "
+                "raise num_operands or digits, or lower data.val_size"
+            )
+        expr = _draw(val_rng, params)
+        if expr not in seen:
+            seen.add(expr)
+            val_exprs.append(expr)
+    if split == "val":
+        return [_record("val", i, e, style) for i, e in enumerate(val_exprs)]
+    train_rng = random.Random(f"arithmetic/train/{seed}")
+    records: list[PromptRecord] = []
+    misses = 0
+    while len(records) < size:
+        expr = _draw(train_rng, params)
+        if expr in seen:
+            misses += 1
+            if misses > 1000 + 100 * size:
+                raise ValueError("arithmetic: every expression of these settings is in the validation split; lower data.val_size")
+            continue
+        records.append(_record("train", len(records), expr, style))
+    return records
+
+
+def _record(split: str, index: int, expression: str, style: str) -> PromptRecord:
+    value = safe_eval(expression, "+-*")
+    answer = str(value.numerator)
+    metadata = {"task": "arithmetic", "style": style, "expression": expression, "solution": answer}
+    rid = f"arithmetic-{split}-{index}"
+    if style == "plain":
+        return PromptRecord(rid, plain_prompt(expression), None, answer, VERIFIER, metadata)
+    return PromptRecord(rid, None, [{"role": "user", "content": instruct_message(expression)}], answer, VERIFIER, metadata)

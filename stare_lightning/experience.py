@@ -1,0 +1,141 @@
+"""Rollouts turned into padded training tensors, and the token-budget micro-batches cut from them.
+
+Layout of one row: the prompt left-padded to the step's longest prompt, then the response right-padded
+to the step's longest response. Every response therefore starts at the same column, so the logits that
+score response token ``t`` sit at column ``prompt_width - 1 + t`` for every row, and a micro-batch only
+has to trim the columns its own rows never use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+from stare_lightning.rollout.base import Rollouts
+
+
+@dataclass
+class Experience:
+    """One step's rollouts as tensors; per-token fields are ``[rows, response_width]``."""
+
+    input_ids: Tensor  # [N, prompt_width + response_width]
+    attention_mask: Tensor  # [N, prompt_width + response_width]
+    response_mask: Tensor  # [N, response_width], bool
+    prompt_width: int
+    rewards: Tensor  # [N]
+    advantages: Tensor  # [N]
+    rollout_logprobs: Tensor  # [N, response_width], the engine's sampled-token log-probs
+    # Filled in by the no-grad pass of the rollout policy, before any update:
+    old_logprobs: Tensor | None = None
+    entropy: Tensor | None = None
+    sum_p2: Tensor | None = None
+    sum_p2_logp: Tensor | None = None
+    phi: Tensor | None = None  # entropy sensitivity of each sampled token
+    selected: Tensor | None = None  # STARE's selected set L+ u L- (computed even while its gate is off)
+    token_weights: Tensor | None = None  # STARE's omega (or ones)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_width(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def response_ids(self) -> Tensor:
+        return self.input_ids[:, self.prompt_width :]
+
+    def position_ids(self) -> Tensor:
+        # Left padding: positions count real tokens only, as in generation.
+        return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def select(self, rows: Tensor | slice) -> Experience:
+        """The given rows with every column kept (used to form mini-batches)."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value[rows] if isinstance(value, Tensor) else value
+        return Experience(**values)
+
+    def trimmed(self) -> Experience:
+        """Drop the padding columns no row of this batch uses (left of the prompts, right of the responses)."""
+        prompt_lengths = self.attention_mask[:, : self.prompt_width].sum(-1)
+        response_lengths = self.response_mask.sum(-1)
+        left = self.prompt_width - int(prompt_lengths.max().item()) if self.num_rows else 0
+        width = max(int(response_lengths.max().item()) if self.num_rows else 0, 1)
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                value = value[:, left : self.prompt_width + width]
+            elif isinstance(value, Tensor) and value.dim() == 2:
+                value = value[:, :width]
+            values[f.name] = value
+        values["prompt_width"] = self.prompt_width - left
+        return Experience(**values)
+
+    def to(self, device: torch.device | str) -> Experience:
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)})
+
+
+def build_experience(
+    rollouts: Rollouts, rewards: Tensor, advantages: Tensor, *, pad_token_id: int
+) -> Experience:
+    """Pad ``rollouts`` into an ``Experience``. ``rewards`` and ``advantages`` are per response row."""
+    rows = len(rollouts.response_ids)
+    prompt_width = max(len(p) for p in rollouts.prompt_ids)
+    response_width = max(max((len(r) for r in rollouts.response_ids), default=1), 1)
+    input_ids = torch.full((rows, prompt_width + response_width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros(rows, response_width, dtype=torch.bool)
+    rollout_logprobs = torch.zeros(rows, response_width)
+    for i, (prompt, response, logprobs) in enumerate(
+        zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.response_logprobs)
+    ):
+        start = prompt_width - len(prompt)
+        input_ids[i, start:prompt_width] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, start : prompt_width + len(response)] = 1
+        if response:
+            input_ids[i, prompt_width : prompt_width + len(response)] = torch.tensor(response, dtype=torch.long)
+            response_mask[i, : len(response)] = True
+            rollout_logprobs[i, : len(response)] = torch.tensor(logprobs, dtype=torch.float32)
+    return Experience(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        prompt_width=prompt_width,
+        rewards=rewards.float(),
+        advantages=advantages.float(),
+        rollout_logprobs=rollout_logprobs,
+    )
+
+
+def micro_batches(experience: Experience, token_budget: int) -> Iterator[Experience]:
+    """Consecutive rows grouped so each trimmed micro-batch holds at most ``token_budget`` padded tokens.
+
+    A single row longer than the budget still forms a micro-batch of its own.
+    """
+    lengths = (experience.attention_mask.sum(-1)).tolist()
+    start = 0
+    while start < experience.num_rows:
+        end, longest = start, 0
+        while end < experience.num_rows:
+            longest_if_added = max(longest, int(lengths[end]))
+            if end > start and longest_if_added * (end - start + 1) > token_budget:
+                break
+            longest, end = longest_if_added, end + 1
+        yield experience.select(slice(start, end)).trimmed()
+        start = end
+
+
+def mini_batch_rows(num_rows: int, num_mini_batches: int, generator: torch.Generator | None = None) -> list[Tensor]:
+    """Row indices of each PPO mini-batch: a shuffled split into ``num_mini_batches`` near-equal parts."""
+    if num_mini_batches < 1:
+        raise ValueError(f"algorithm.mini_batches must be >= 1, got {num_mini_batches}")
+    order = torch.randperm(num_rows, generator=generator) if num_mini_batches > 1 else torch.arange(num_rows)
+    return [part for part in order.tensor_split(num_mini_batches) if part.numel()]

@@ -1,0 +1,35 @@
+"""FSDP2 sharding of a Hugging Face causal LM: ``fully_shard`` on every decoder layer, then on the root.
+
+Applied in ``configure_model`` under Lightning's ``ModelParallelStrategy``, which provides the device mesh.
+Sharding layer by layer lets FSDP2 gather one layer's parameters at a time in forward and backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (Llama, Qwen2, Mistral, GPT-2 layouts)."""
+    for path in ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers"):
+        module = model
+        try:
+            for name in path.split("."):
+                module = getattr(module, name)
+        except AttributeError:
+            continue
+        return list(module)
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
+
+
+def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mixed_precision: torch.dtype | None = None) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = device_mesh["data_parallel"] if device_mesh.mesh_dim_names and "data_parallel" in device_mesh.mesh_dim_names else device_mesh
+    kwargs = {"mesh": mesh}
+    if mixed_precision is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)

@@ -1,0 +1,347 @@
+"""The training system: policy, optional reference model, rollout engine, STARE loss and telemetry.
+
+The LightningModule only wires parts together. Rollouts happen inside ``training_step`` (a dataloader
+would prefetch and make them one update stale); the optimisation is manual because one rollout batch
+feeds ``ppo_epochs x mini_batches`` optimizer steps, each accumulated over token-budget micro-batches
+whose losses are normalised by counts taken over the whole optimizer step on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from stare_lightning.algorithms import (
+    AdaptiveEntropyCoefficient,
+    LossNormalizer,
+    STAREController,
+    entropy_sensitivity,
+    gather_variable_length,
+    policy_loss,
+    stare_weights_for_scope,
+)
+from stare_lightning.collect import collect_experience
+from stare_lightning.config.schema import RunConfig
+from stare_lightning.experience import Experience, micro_batches, mini_batch_rows
+from stare_lightning.forward import response_token_stats
+from stare_lightning.models.sharding import shard_model
+from stare_lightning.optim import build_optimizer
+from stare_lightning.rewards.pool import VerifierPool
+from stare_lightning.rollout.base import SamplingParams
+from stare_lightning.rollout.canary import LogprobCanary
+from stare_lightning.rollout.factory import build_engine
+from stare_lightning.telemetry import TrainTelemetry, ValidationTelemetry
+
+
+class STAREModule(LightningModule):
+    def __init__(self, cfg: RunConfig, model_dir: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model_dir = str(model_dir)
+        self.automatic_optimization = False
+        self.save_hyperparameters({"config": asdict(cfg), "model_dir": self.model_dir})
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.policy: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
+        self.engine = None
+        self._engine_stale = True
+        alg = cfg.algorithm
+        self.controller = (
+            STAREController(
+                target_entropy=alg.stare.target_entropy, w=alg.stare.w, m=alg.stare.m, adaptive=alg.stare.adaptive,
+                alpha=alg.stare.alpha, w_max=alg.stare.w_max, m_min=alg.stare.m_min, timing=alg.stare.timing,
+            )
+            if alg.stare.enabled
+            else None
+        )
+        self.entropy_coefficient = (
+            AdaptiveEntropyCoefficient(
+                target=alg.entropy_target, init_coef=alg.entropy_coef, lr=alg.entropy_coef_lr, max_coef=alg.entropy_coef_max
+            )
+            if alg.entropy_target is not None
+            else None
+        )
+        self.canary = LogprobCanary(threshold=cfg.rollout.canary_threshold, patience=cfg.rollout.canary_patience)
+        self.verifiers = VerifierPool()
+        self.train_telemetry = TrainTelemetry(cfg)
+        self.val_telemetry = ValidationTelemetry(cfg)
+        self.nonfinite_skipped = 0
+        self._last_entropy: float | None = None
+
+    # ----------------------------------------------------------------------------------------- models
+    def configure_model(self) -> None:
+        if self.policy is not None:  # validate-then-fit calls this twice
+            return
+        dtype = getattr(torch, self.cfg.model.dtype)
+        self.policy = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        if self.cfg.model.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        if self.cfg.algorithm.uses_reference():
+            self.reference = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
+            self.reference.requires_grad_(False)
+        if self.device_mesh is not None:
+            shard_model(self.policy, self.device_mesh)
+            if self.reference is not None:
+                shard_model(self.reference, self.device_mesh)
+
+    def configure_optimizers(self):
+        optimizer, scheduler = build_optimizer(
+            self.policy.parameters(), self.cfg.optim, total_steps=self.trainer.max_steps,
+            extra_allowed=self.cfg.allowed_targets,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _rollout_engine(self):
+        if self.engine is None:
+            self.engine = build_engine(self.cfg.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.cfg.seed)
+            self._engine_stale = self.engine_holds_copy()
+        if self._engine_stale:
+            self.engine.sync_weights(self.policy)
+            self._engine_stale = False
+        return self.engine
+
+    def engine_holds_copy(self) -> bool:
+        return getattr(self.engine, "holds_weight_copy", True)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._engine_stale = True
+        state = checkpoint.get("stare_lightning", {})
+        if self.controller is not None and "controller" in state:
+            self.controller.load_state_dict(state["controller"])
+        if self.entropy_coefficient is not None and "entropy_coefficient" in state:
+            self.entropy_coefficient.load_state_dict(state["entropy_coefficient"])
+        self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
+        self._last_entropy = state.get("last_entropy")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["stare_lightning"] = {
+            "controller": self.controller.state_dict() if self.controller is not None else None,
+            "entropy_coefficient": self.entropy_coefficient.state_dict() if self.entropy_coefficient else None,
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "last_entropy": self._last_entropy,
+        }
+
+    # -------------------------------------------------------------------------------------- training
+    def training_step(self, batch: list[dict], batch_idx: int) -> None:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        rollout = cfg.rollout
+        params = SamplingParams(
+            n=rollout.n, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+            top_p=rollout.top_p, top_k=rollout.top_k,
+        )
+        experience, collection = collect_experience(
+            batch, self._rollout_engine(), self.verifiers, params, alg,
+            pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
+        )
+        experience = experience.to(self.device)
+        self._score_with_rollout_policy(experience)
+        entropy = self._global_token_mean(experience.entropy, experience.response_mask)
+        canary = self.canary.update(experience.rollout_logprobs, experience.old_logprobs, experience.response_mask)
+        step = self._stare_step(experience, entropy)
+        optimizer_stats = self._update(experience)
+        self._engine_stale = True
+        self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
+        metrics = self.train_telemetry.step(
+            experience=experience, collection=collection, entropy=entropy, stare=step, canary=canary,
+            optimizer=optimizer_stats, lr=self.lr_schedulers().get_last_lr()[0],
+        )
+        metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        self.last_rollout_samples = _samples_for_dump(experience, collection)
+        self._last_entropy = entropy
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
+
+    def _more_prompts(self, count: int) -> list[dict]:
+        return self.trainer.datamodule.more_prompts(count)
+
+    def _step_seed(self) -> int:
+        return (self.cfg.seed * 1_000_003 + self.global_step) * max(self.trainer.world_size, 1) + self.global_rank
+
+    @torch.no_grad()
+    def _score_with_rollout_policy(self, experience: Experience) -> None:
+        """Old log-probs, entropy and the Phi reductions in one no-grad pass, micro-batch by micro-batch."""
+        parts = {"old_logprobs": [], "entropy": [], "sum_p2": [], "sum_p2_logp": []}
+        width = experience.response_width
+        self.policy.eval()
+        for part in micro_batches(experience, self.cfg.optim.micro_batch_tokens):
+            stats = response_token_stats(
+                self.policy, part, temperature=self.cfg.rollout.temperature,
+                chunk_size=self.cfg.optim.logprob_chunk_size, with_entropy=True, with_sensitivity=True,
+            )
+            pad = width - stats.logprobs.shape[1]
+            parts["old_logprobs"].append(torch.nn.functional.pad(stats.logprobs.float(), (0, pad)))
+            parts["entropy"].append(torch.nn.functional.pad(stats.entropy.float(), (0, pad)))
+            parts["sum_p2"].append(torch.nn.functional.pad(stats.sum_p2.float(), (0, pad)))
+            parts["sum_p2_logp"].append(torch.nn.functional.pad(stats.sum_p2_logp.float(), (0, pad)))
+        self.policy.train()
+        for name, values in parts.items():
+            setattr(experience, name, torch.cat(values))
+        experience.phi = entropy_sensitivity(
+            experience.old_logprobs, experience.entropy, experience.sum_p2, experience.sum_p2_logp
+        )
+
+    def _stare_step(self, experience: Experience, entropy: float) -> dict:
+        """Controller update and token weights (all ones when STARE is off or its gate is closed)."""
+        stare = self.cfg.algorithm.stare
+        gate_on, w, m = False, 1.0, 1.0
+        if self.controller is not None:
+            params = self.controller.update(entropy)
+            gate_on, w, m = params.gate_on, params.w, params.m
+        scope = stare.scope if stare.scope != "micro_batch" else "step"  # micro_batch scope is applied per micro-batch
+        weights, stats = stare_weights_for_scope(
+            experience.old_logprobs, experience.advantages, experience.response_mask, scope=scope,
+            group_size=self.cfg.rollout.n, gather=gather_variable_length, variant=stare.variant,
+            top_ratio=stare.top_ratio, w=w, m=m, gate_on=True, selector=stare.selector,
+            sensitivity=experience.phi,
+        )
+        experience.selected = stats.selected
+        experience.token_weights = weights if gate_on else torch.ones_like(weights)
+        return {"gate_on": gate_on, "w": w, "m": m, "stats": stats, "enabled": self.controller is not None}
+
+    def _update(self, experience: Experience) -> dict:
+        alg = self.cfg.algorithm
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        generator = torch.Generator().manual_seed(self._step_seed())
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for _ in range(alg.ppo_epochs):
+            for rows in mini_batch_rows(experience.num_rows, alg.mini_batches, generator):
+                mini = experience.select(rows.to(experience.input_ids.device))
+                normalizer = self._normalizer(mini)
+                parts = list(micro_batches(mini, self.cfg.optim.micro_batch_tokens))
+                steps = int(self._all_reduce(torch.tensor(float(len(parts))), dist.ReduceOp.MAX))
+                finite = True
+                for index in range(steps):
+                    # Ranks with fewer micro-batches repeat their last one at zero weight, so every rank runs
+                    # the same number of forward/backward collectives.
+                    part = parts[min(index, len(parts) - 1)]
+                    loss, stats = self._micro_batch_loss(part, normalizer)
+                    scale = float(index < len(parts)) * self.trainer.world_size
+                    if not torch.isfinite(loss):
+                        finite = False
+                        loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
+                    self.manual_backward(loss * scale)
+                    if index < len(parts):
+                        for key, value in stats.items():
+                            sums[key] = sums.get(key, 0.0) + float(value)
+                grad_norm = self._clip_gradients()
+                finite = finite and math.isfinite(grad_norm)
+                all_finite = self._all_reduce(torch.tensor(float(finite)), dist.ReduceOp.MIN) > 0
+                if all_finite:
+                    optimizer.step()
+                    grad_norms.append(grad_norm)
+                else:
+                    self.nonfinite_skipped += 1
+                    warnings.warn(
+                        f"non-finite loss or gradient at step {self.global_step}: optimizer step skipped "
+                        f"({self.nonfinite_skipped} so far)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+        sums["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        return sums
+
+    def _micro_batch_loss(self, part: Experience, normalizer: LossNormalizer):
+        cfg, alg = self.cfg, self.cfg.algorithm
+        need_entropy = alg.entropy_coef > 0 or self.entropy_coefficient is not None or alg.entropy_control == "top_entropy"
+        stats = response_token_stats(
+            self.policy, part, temperature=cfg.rollout.temperature, chunk_size=cfg.optim.logprob_chunk_size,
+            with_entropy=need_entropy,
+        )
+        weights = part.token_weights
+        if alg.stare.enabled and alg.stare.scope == "micro_batch":
+            source = stats.logprobs.detach() if alg.stare.surprisal_source == "current" else part.old_logprobs
+            params = self.controller
+            weights, _ = stare_weights_for_scope(
+                source, part.advantages, part.response_mask, scope="micro_batch", variant=alg.stare.variant,
+                top_ratio=alg.stare.top_ratio, w=params.w, m=params.m, gate_on=params.gate_on,
+                selector=alg.stare.selector, sensitivity=part.phi,
+            )
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logprobs = response_token_stats(
+                    self.reference, part, temperature=cfg.rollout.temperature,
+                    chunk_size=cfg.optim.logprob_chunk_size, with_entropy=False,
+                ).logprobs
+        coef = self.entropy_coefficient.coef if self.entropy_coefficient is not None else alg.entropy_coef
+        return policy_loss(
+            stats.logprobs, part.old_logprobs, part.advantages, part.response_mask, alg, normalizer,
+            token_weights=weights, ref_logprobs=ref_logprobs, entropy=stats.entropy, entropy_coef=coef,
+        )
+
+    def _normalizer(self, mini: Experience) -> LossNormalizer:
+        counts = torch.tensor(
+            [float(mini.response_mask.sum()), float(mini.response_mask.any(-1).sum())], device=self.device
+        )
+        counts = self._all_reduce(counts, dist.ReduceOp.SUM)
+        return LossNormalizer(
+            num_tokens=max(int(counts[0]), 1), num_sequences=max(int(counts[1]), 1),
+            max_response_length=self.cfg.rollout.max_new_tokens,
+        )
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _all_reduce(self, tensor: torch.Tensor, op) -> torch.Tensor:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            tensor = tensor.to(self.device)
+            dist.all_reduce(tensor, op=op)
+        return tensor
+
+    def _global_token_mean(self, values: torch.Tensor, mask: torch.Tensor) -> float:
+        totals = torch.stack([(values * mask).sum(), mask.sum()]).double()
+        totals = self._all_reduce(totals, dist.ReduceOp.SUM)
+        return float(totals[0] / totals[1].clamp(min=1))
+
+    # ------------------------------------------------------------------------------------ validation
+    def validation_step(self, batch: list[dict], batch_idx: int) -> None:
+        rollout = self.cfg.rollout
+        params = SamplingParams(
+            n=rollout.val_n, max_new_tokens=rollout.max_new_tokens, temperature=rollout.val_temperature,
+            top_p=rollout.val_top_p, seed=self.cfg.seed * 7919 + batch_idx * 104_729 + self.global_rank,
+        )
+        engine = self._rollout_engine()
+        rollouts = engine.generate([item["prompt_ids"] for item in batch], params)
+        calls = [
+            (batch[row // params.n]["verifier"], text, batch[row // params.n]["answer"], batch[row // params.n].get("metadata", {}))
+            for row, text in enumerate(rollouts.texts)
+        ]
+        scores = self.verifiers.score(calls)
+        self.val_telemetry.update(rollouts, scores)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self.val_telemetry.compute(), on_step=False, on_epoch=True, sync_dist=False)
+        self.val_telemetry.reset()
+
+    def on_fit_end(self) -> None:
+        self.verifiers.close()
+
+
+def _samples_for_dump(experience: Experience, collection) -> list[dict]:
+    """Per prompt group: prompt, answer, responses, rewards and advantages (read by ``RolloutSampleDump``)."""
+    n = collection.kept_correct.shape[1]
+    rewards, advantages = experience.rewards.tolist(), experience.advantages.tolist()
+    return [
+        {
+            "id": item.get("id"),
+            "prompt": item.get("prompt_text"),
+            "answer": item.get("answer"),
+            "responses": collection.kept_texts[g * n : (g + 1) * n],
+            "rewards": rewards[g * n : (g + 1) * n],
+            "advantages": advantages[g * n : (g + 1) * n],
+        }
+        for g, item in enumerate(collection.kept_items)
+    ]

@@ -1,0 +1,37 @@
+"""Optimizer and learning-rate schedule (linear warmup, then constant or cosine decay)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from stare_lightning.config.instantiate import safe_instantiate
+from stare_lightning.config.schema import OptimConfig
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
+    """Factor applied to the base learning rate at optimizer step ``step`` (0-based)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    decay_steps = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / decay_steps, 1.0)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: OptimConfig, *, total_steps: int, extra_allowed: list[str] = ()
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = safe_instantiate(
+        {"_target_": cfg.optimizer, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": tuple(cfg.betas), "eps": cfg.eps},
+        list(params),
+        extra_allowed=extra_allowed,
+        where="optim.optimizer",
+    )
+    schedule = lambda step: lr_multiplier(  # noqa: E731
+        step, warmup_steps=cfg.warmup_steps, total_steps=total_steps, schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

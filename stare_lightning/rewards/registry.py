@@ -1,0 +1,95 @@
+"""Verifier names -> functions: the built-ins and user functions written as ``package.module:function``.
+
+A verifier is a pure function ``verify(response: str, answer: str, metadata: dict) -> float`` returning a
+score in [0, 1]. It may carry two optional attributes: ``check_record(answer, metadata)``, which raises
+ValueError for a record it could never score (called when data are loaded, so bad data fail before
+training), and ``warmup()``, which the pool worker calls once after importing it.
+
+User verifiers are imported by name. Names whose top-level module belongs to the standard library
+(``os:system``, ``builtins:eval``, ``subprocess:...``) are refused: a verifier receives model output as
+its first argument.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from typing import Callable
+
+Verifier = Callable[[str, str, dict], float]
+
+_BUILTINS: dict[str, str] = {
+    "countdown": "stare_lightning.rewards.countdown:verify_countdown",
+    "exact": "stare_lightning.rewards.basic:verify_exact",
+    "math": "stare_lightning.rewards.math_answer:verify_math",
+    "numeric": "stare_lightning.rewards.basic:verify_numeric",
+}
+_USER_NAME = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")
+_cache: dict[str, Verifier] = {}
+
+
+def known_verifiers() -> list[str]:
+    """Names of the built-in verifiers, sorted."""
+    return sorted(_BUILTINS)
+
+
+def is_user_verifier_name(name: str) -> bool:
+    """True for names of the form ``package.module:function``."""
+    return isinstance(name, str) and ":" in name
+
+
+def unknown_verifier_message(name: object) -> str:
+    """The error text for a name that is neither built in nor a user function."""
+    return (
+        f"unknown verifier {name!r}; known verifiers: {', '.join(known_verifiers())}, "
+        "or a user function written as 'package.module:function'"
+    )
+
+
+def _import_user(name: str) -> Verifier:
+    if not _USER_NAME.fullmatch(name):
+        raise ValueError(f"verifier {name!r} is not of the form 'package.module:function'")
+    module_name, attr_path = name.split(":", 1)
+    top = module_name.split(".", 1)[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise ValueError(
+            f"verifier {name!r}: functions from the standard library module {top!r} are not accepted "
+            "as verifiers (they would receive model output); write a verifier function in your own module"
+        )
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the module raises while importing
+        raise ValueError(f"verifier {name!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from exc
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"verifier {name!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"verifier {name!r} is not callable (got {type(obj).__name__})")
+    return obj
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier function called ``name``; ValueError listing the known names when there is none."""
+    fn = _cache.get(name) if isinstance(name, str) else None
+    if fn is not None:
+        return fn
+    if not isinstance(name, str) or not name:
+        raise ValueError(unknown_verifier_message(name))
+    if name in _BUILTINS:
+        module_name, attr = _BUILTINS[name].split(":")
+        fn = getattr(importlib.import_module(module_name), attr)
+    elif is_user_verifier_name(name):
+        fn = _import_user(name)
+    else:
+        raise ValueError(unknown_verifier_message(name))
+    _cache[name] = fn
+    return fn
+
+
+def check_record(name: str, answer: str, metadata: dict) -> None:
+    """Run the verifier's ``check_record`` hook if it has one (raises ValueError for unusable records)."""
+    hook = getattr(get_verifier(name), "check_record", None)
+    if hook is not None:
+        hook(answer, metadata)

@@ -1,0 +1,39 @@
+"""Choose and build the rollout engine named by ``rollout.backend``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from stare_lightning.config.schema import RolloutConfig
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` means vLLM wherever it is installed, HF generate otherwise."""
+    if backend == "auto":
+        return "vllm" if vllm_available() else "hf"
+    return backend
+
+
+def build_engine(cfg: RolloutConfig, policy: torch.nn.Module, tokenizer, model_dir: str, *, seed: int = 0):
+    backend = resolve_backend(cfg.backend)
+    if backend == "hf":
+        from stare_lightning.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine(policy, tokenizer)
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+
+    dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+    return VLLMRolloutEngine(
+        model_dir,
+        dtype=dtype,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        enable_sleep_mode=cfg.enable_sleep_mode,
+        seed=seed,
+    )

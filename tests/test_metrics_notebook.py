@@ -1,0 +1,109 @@
+"""The entropy-dynamics notebook runs end to end on two fake CSVLogger runs and writes its PNGs; the
+loader merges sparse rows per step and names runs from hparams.yaml or the folder."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stare_lightning.metrics import QUADRANTS
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "entropy_dynamics.ipynb"
+WORDS = ["wait", "however", "let_me_verify", "re-check"]
+
+
+def write_fake_run(run_dir: Path, seed: int, steps: int = 30, name: str | None = None) -> Path:
+    """A CSVLogger-like metrics.csv: train rows every step, val rows every 10 steps, sparse with NaN."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    entropy = 0.6
+    for step in range(steps):
+        pred = float(rng.normal(-0.01, 0.005))
+        entropy = max(0.01, entropy + pred + float(rng.normal(0, 0.003)))
+        row = {"epoch": 0, "step": step, "train/entropy": entropy, "train/stare/gate_on": float(entropy < 0.3),
+               "train/reward/mean": float(rng.uniform(0, 1)), "train/response_length/mean": float(rng.uniform(20, 80))}
+        if step > 0:
+            row["train/entropy/predicted_delta"] = pred
+            row["train/entropy/realized_delta"] = float(rng.normal(pred, 0.004))
+        if step > 2:
+            row["train/entropy/forecast_corr"] = float(rng.uniform(0.2, 0.9))
+        for definition in ("proxy", "exact"):
+            share = rng.dirichlet(np.ones(4))
+            weight = rng.dirichlet(np.ones(4))
+            for i, quadrant in enumerate(QUADRANTS):
+                key = f"train/quadrant/{definition}/{quadrant}"
+                row[f"{key}/tokens"] = share[i]
+                row[f"{key}/weight"] = weight[i]
+                row[f"{key}/dH"] = float(rng.normal(0, 0.01))
+        counts = rng.poisson(0.5, len(WORDS)).astype(float)
+        row["train/reflection/per_response"] = counts.sum()
+        for word, c in zip(WORDS, counts):
+            row[f"train/reflection/{word}"] = c
+        rows.append(row)
+        if step % 10 == 9:  # a separate, sparse validation row at the same step
+            avg = float(rng.uniform(0.1, 0.5))
+            rows.append({"epoch": 0, "step": step, "val/avg@n": avg, "val/pass@1": avg,
+                         "val/pass@8": min(1.0, avg + 0.3), "val/distinct_correct": float(rng.uniform(1, 4))})
+    run_dir.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(run_dir / "metrics.csv", index=False)
+    if name is not None:
+        (run_dir / "hparams.yaml").write_text(f"run_name: {name}\nlr: 1.0e-06\n")
+    return run_dir
+
+
+def test_load_run_merges_sparse_rows_and_names_runs(tmp_path):
+    from stare_lightning.metrics.plots import load_run, load_runs
+
+    named = write_fake_run(tmp_path / "logs" / "stare" / "version_0", seed=0, steps=20, name="stare-o1")
+    write_fake_run(tmp_path / "logs" / "grpo" / "version_0", seed=1, steps=20)
+    df = load_run(named)
+    assert df.index.is_monotonic_increasing and len(df) == 20
+    assert df.attrs["name"] == "stare-o1"
+    assert not math.isnan(df.loc[9, "train/entropy"]) and not math.isnan(df.loc[9, "val/avg@n"])
+    assert df["val/avg@n"].notna().sum() == 2
+    runs = load_runs(str(tmp_path / "logs"))
+    assert sorted(runs) == ["grpo/version_0", "stare-o1"]
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_two_fake_runs_and_writes_pngs(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    run_a = write_fake_run(tmp_path / "runs" / "stare_o1", seed=0, name="stare-o1")
+    run_b = write_fake_run(tmp_path / "runs" / "grpo_ds", seed=1)
+    figures = tmp_path / "figures"
+    env = {
+        "STARE_RUN_DIRS": os.pathsep.join([str(run_a), str(run_b)]),
+        "STARE_FIGURE_DIR": str(figures),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "MPLBACKEND": "Agg",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        client = NotebookClient(
+            nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+        )
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    pngs = sorted(p.name for p in figures.glob("*.png"))
+    assert pngs == ["overview.png", "quadrant_mass.png", "reflection_words.png"]
+    assert all((figures / p).stat().st_size > 10_000 for p in pngs)
+    shown = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(shown) == 3

@@ -1,0 +1,83 @@
+"""LogprobCanary: metrics, patience, reset on recovery, masking, and agreement across ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary
+
+
+def _pair(diff: float, shape=(2, 5)):
+    trainer = -torch.rand(shape) - 0.1
+    return trainer + diff, trainer
+
+
+def test_metrics_are_token_means_over_the_mask():
+    engine = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]])
+    trainer = torch.tensor([[-1.5, -2.0, -2.0], [-1.25, -9.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    metrics = LogprobCanary(threshold=10).update(engine, trainer, mask)
+    assert metrics[MEAN_KEY] == pytest.approx((0.5 + 0 + 1 + 0.25) / 4)
+    assert metrics[MAX_KEY] == pytest.approx(1.0)  # the 9.0 gaps are padding
+    assert set(metrics) == {"rollout/logprob_abs_diff/mean", "rollout/logprob_abs_diff/max"}
+
+
+def test_raises_after_patience_consecutive_steps():
+    canary = LogprobCanary(threshold=0.05, patience=3)
+    canary.update(*_pair(0.2))
+    canary.update(*_pair(0.2))
+    with pytest.raises(RuntimeError, match="stale weights.*sync_weights"):
+        canary.update(*_pair(0.2))
+
+
+def test_a_good_step_resets_the_count():
+    canary = LogprobCanary(threshold=0.05, patience=2)
+    for _ in range(5):
+        canary.update(*_pair(0.2))
+        canary.update(*_pair(1e-6))
+    assert canary.strikes == 0
+
+
+def test_patience_zero_only_reports_and_empty_mask_is_harmless():
+    canary = LogprobCanary(threshold=0.05, patience=0)
+    for _ in range(5):
+        assert canary.update(*_pair(3.0))[MEAN_KEY] == pytest.approx(3.0)
+    engine, trainer = _pair(3.0)
+    assert LogprobCanary(patience=1).update(engine, trainer, torch.zeros_like(engine))[MEAN_KEY] == 0.0
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError):
+        LogprobCanary(threshold=0)
+    with pytest.raises(ValueError):
+        LogprobCanary(patience=-1)
+    with pytest.raises(ValueError):
+        LogprobCanary().update(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def _rank_worker(rank: int, world: int, init_file: str, results) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        canary = LogprobCanary(threshold=0.5, patience=1)
+        # Rank 0 alone is far off (3 tokens at 1.0); rank 1 is exact on 1 token: global mean 0.75 > 0.5.
+        diff, tokens = (1.0, 3) if rank == 0 else (0.0, 1)
+        trainer = torch.zeros(1, tokens)
+        try:
+            canary.update(trainer + diff, trainer)
+            results[rank] = "no error"
+        except RuntimeError:
+            results[rank] = "raised"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_agree_and_raise_together(tmp_path):
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.start_processes(_rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True, start_method="spawn")
+    assert dict(results) == {0: "raised", 1: "raised"}

@@ -1,0 +1,187 @@
+"""HFRolloutEngine on the real tiny model: grouping, EOS handling, log-probs, seeding, FSDP2."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from stare_lightning.models.tiny import build_tiny_model
+from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from stare_lightning.rollout.hf import HFRolloutEngine
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
+
+
+@pytest.fixture()
+def model_and_tokenizer(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+
+
+PROMPTS = ["1+1=", "The capital of France is", "x"]
+
+
+def _prompt_ids(tokenizer):
+    return [tokenizer.encode(p) for p in PROMPTS]
+
+
+def _trainer_logprobs(model, prompt, response, temperature):
+    """What a trainer computes: one forward over prompt + response, log_softmax(logits / T) at each token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def test_shapes_and_grouping(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    assert isinstance(engine, RolloutEngine)
+    assert engine.holds_weight_copy is False  # samples from the policy module itself
+    prompts = _prompt_ids(tok)
+    out = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=12, seed=0))
+    assert isinstance(out, Rollouts)
+    assert out.n == 4 and out.num_groups == len(prompts) and len(out.response_ids) == 12
+    for i, p in enumerate(prompts):
+        assert all(row == p for row in out.prompt_ids[i * 4 : (i + 1) * 4])
+    for ids, lps, text, reason in zip(out.response_ids, out.response_logprobs, out.texts, out.finish_reasons):
+        assert 1 <= len(ids) <= 12 and len(lps) == len(ids)
+        assert all(lp <= 0 for lp in lps)
+        assert text == tok.decode(ids, skip_special_tokens=True)
+        assert reason in ("stop", "length")
+    assert out.num_tokens == sum(len(r) for r in out.response_ids)
+    assert out.generation_seconds > 0
+    # samples within a group differ (random model, temperature 1)
+    assert len({tuple(r) for r in out.response_ids[:4]}) > 1
+
+
+def test_no_prompts_no_rows(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    out = HFRolloutEngine(model, tok).generate([], SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert out.response_ids == [] and out.num_groups == 0
+
+
+def test_eos_cut_and_finish_reasons(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    eos = tok.eos_token_id
+    # The random model puts about 1/104 on EOS per step: over 16 rows x 64 steps both outcomes occur.
+    out = engine.generate([tok.encode("go")], SamplingParams(n=16, max_new_tokens=64, temperature=1.5, seed=7))
+    assert set(out.finish_reasons) == {"stop", "length"}
+    for ids, reason in zip(out.response_ids, out.finish_reasons):
+        if reason == "stop":
+            assert ids[-1] == eos and eos not in ids[:-1]  # cut at and including the first EOS
+        else:
+            assert len(ids) == 64 and eos not in ids
+
+
+def test_custom_stop_ids(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    vocab = tok.get_vocab()
+    stops = [vocab[c] for c in "abcdefghijklmnopqrstuvwxyz"]
+    engine = HFRolloutEngine(model, tok, eos_token_ids=stops)
+    out = engine.generate([tok.encode("go")], SamplingParams(n=8, max_new_tokens=100, seed=1))
+    for ids, reason in zip(out.response_ids, out.finish_reasons):
+        assert reason == "stop" and ids[-1] in stops and not set(ids[:-1]) & set(stops)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_a_separate_forward(model_and_tokenizer, temperature):
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    out = engine.generate(_prompt_ids(tok), SamplingParams(n=3, max_new_tokens=20, temperature=temperature, seed=3))
+    model.eval()
+    for prompt, resp, lps in zip(out.prompt_ids, out.response_ids, out.response_logprobs):
+        ref = _trainer_logprobs(model, prompt, resp, temperature)
+        torch.testing.assert_close(torch.tensor(lps), ref, atol=1e-5, rtol=0)
+
+
+def test_top_k_restricts_samples(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    out = HFRolloutEngine(model, tok).generate(
+        [tok.encode("ab")], SamplingParams(n=4, max_new_tokens=10, top_k=3, seed=0)
+    )
+    model.eval()
+    for prompt, resp in zip(out.prompt_ids, out.response_ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + resp])).logits[0, len(prompt) - 1 : -1]
+        top3 = logits.topk(3, dim=-1).indices
+        assert all(tok_id in top3[t] for t, tok_id in enumerate(resp))
+
+
+def test_same_seed_same_rollouts_and_rng_untouched(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok, max_batch_size=4)  # chunking must not break reproducibility
+    params = SamplingParams(n=3, max_new_tokens=16, seed=11)
+    before = torch.get_rng_state()
+    a = engine.generate(_prompt_ids(tok), params)
+    assert torch.equal(before, torch.get_rng_state())
+    b = engine.generate(_prompt_ids(tok), params)
+    c = engine.generate(_prompt_ids(tok), SamplingParams(n=3, max_new_tokens=16, seed=12))
+    assert a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
+    assert a.response_ids != c.response_ids
+
+
+def test_training_flags_restored(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    model.train()
+    model.model.embed_tokens.eval()  # a deliberately frozen part keeps its own mode
+    HFRolloutEngine(model, tok).generate([tok.encode("a")], SamplingParams(n=1, max_new_tokens=2, seed=0))
+    assert model.training and model.model.layers[0].training
+    assert not model.model.embed_tokens.training
+
+
+def _fsdp_worker(rank: int, world: int, init_file: str, tiny_dir: str, results: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        tok = AutoTokenizer.from_pretrained(tiny_dir)
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        # Rank 0 stops at its first letter, rank 1 only at EOS: the ranks finish at different steps, so
+        # forward calls must stay in lockstep (synced generation) or the all-gathers would hang.
+        letters = [tok.get_vocab()[c] for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+        # Rank 0 also has twice the prompts, so two generate calls (2 rows each) against rank 1's one.
+        engine = HFRolloutEngine(model, tok, eos_token_ids=letters if rank == 0 else None, max_batch_size=2)
+        prompts = [tok.encode("rank zero prompt"), tok.encode("zero")] if rank == 0 else [tok.encode("r1")]
+        out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=24, temperature=1.3, seed=rank))
+        results[rank] = (out.prompt_ids, out.response_ids, out.response_logprobs, out.finish_reasons)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_module_generates_on_two_ranks(tiny_dir, tmp_path):
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    manager = mp.Manager()
+    results = manager.dict()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.start_processes(
+        _fsdp_worker,
+        args=(2, str(tmp_path / "init"), str(tiny_dir), results),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    reference = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    for rank in (0, 1):
+        prompts, responses, logprobs, reasons = results[rank]
+        assert len(responses) == (4 if rank == 0 else 2)
+        if rank == 0:
+            assert set(reasons) == {"stop"} and max(len(r) for r in responses) < 24
+        for prompt, resp, lps in zip(prompts, responses, logprobs):
+            ref = _trainer_logprobs(reference, prompt, resp, 1.3)
+            torch.testing.assert_close(torch.tensor(lps), ref, atol=1e-5, rtol=0)

@@ -1,0 +1,239 @@
+"""VLLMRolloutEngine with the real vLLM engine (CPU here): log-prob agreement, weight sync, seeding, FSDP2."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from stare_lightning.models.tiny import build_tiny_model
+from stare_lightning.rollout.base import RolloutEngine, SamplingParams
+from stare_lightning.rollout.vllm import vllm_import_error
+
+VLLM_MISSING = vllm_import_error()
+needs_vllm = pytest.mark.skipif(VLLM_MISSING is not None, reason=f"vLLM is not usable here: {VLLM_MISSING}")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture()
+def policy(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    if VLLM_MISSING is not None:
+        pytest.skip(f"vLLM is not usable here: {VLLM_MISSING}")
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+
+    eng = VLLMRolloutEngine(tiny_dir, max_model_len=256, kv_cache_memory_bytes=64 << 20)
+    yield eng
+    eng.close()
+
+
+def _trainer_logprobs(model, prompt, response, temperature=1.0):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def _max_abs_diff(model, rollouts, temperature=1.0):
+    worst = 0.0
+    for prompt, resp, lps in zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.response_logprobs):
+        ref = _trainer_logprobs(model, prompt, resp, temperature)
+        worst = max(worst, (ref - torch.tensor(lps)).abs().max().item())
+    return worst
+
+
+@pytest.mark.skipif(VLLM_MISSING is None, reason="vLLM imports here")
+def test_missing_vllm_error_says_how_to_install(tiny_dir):
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+
+    with pytest.raises(ImportError) as err:
+        VLLMRolloutEngine(tiny_dir)
+    assert "make install" in str(err.value) and "rollout=hf" in str(err.value)
+
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generate_grouping_and_logprobs_match_trainer(engine, tokenizer, policy, temperature):
+    assert isinstance(engine, RolloutEngine)
+    assert engine.holds_weight_copy is True
+    prompts = [tokenizer.encode("1+1="), tokenizer.encode("hello"), tokenizer.encode("x")]
+    out = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=16, temperature=temperature, seed=0))
+    assert out.n == 4 and out.num_groups == 3 and len(out.response_ids) == 12
+    for i, p in enumerate(prompts):
+        assert all(row == p for row in out.prompt_ids[i * 4 : (i + 1) * 4])
+    for ids, lps, text, reason in zip(out.response_ids, out.response_logprobs, out.texts, out.finish_reasons):
+        assert 1 <= len(ids) <= 16 and len(lps) == len(ids) and reason in ("stop", "length")
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert len({tuple(r) for r in out.response_ids[:4]}) > 1
+    # processed_logprobs: log_softmax(logits / T) over the full vocabulary, as the trainer computes it
+    assert _max_abs_diff(policy, out, temperature) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_eos_is_kept_and_ends_the_response(engine, tokenizer):
+    eos = tokenizer.eos_token_id
+    out = engine.generate([tokenizer.encode("go")], SamplingParams(n=16, max_new_tokens=64, temperature=1.5, seed=7))
+    assert set(out.finish_reasons) == {"stop", "length"}
+    for ids, reason in zip(out.response_ids, out.finish_reasons):
+        if reason == "stop":
+            assert ids[-1] == eos and eos not in ids[:-1]
+        else:
+            assert len(ids) == 64 and eos not in ids
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_same_seed_same_rollouts_and_training_rng_untouched(engine, tokenizer):
+    prompts = [tokenizer.encode("ab"), tokenizer.encode("cd")]
+    params = SamplingParams(n=3, max_new_tokens=12, seed=5)
+    before = torch.get_rng_state()
+    a = engine.generate(prompts, params)
+    assert torch.equal(before, torch.get_rng_state())
+    b = engine.generate(prompts, params)
+    c = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=12, seed=6))
+    assert a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
+    assert a.response_ids != c.response_ids
+    # The same prompt twice in one call must not get the same samples.
+    d = engine.generate([prompts[0], prompts[0]], params)
+    assert d.response_ids[:3] != d.response_ids[3:]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_sleep_and_wake_keep_weights(engine, tokenizer):
+    params = SamplingParams(n=2, max_new_tokens=8, seed=1)
+    a = engine.generate([tokenizer.encode("zz")], params)
+    engine.sleep()
+    engine.wake()
+    engine.sleep()
+    b = engine.generate([tokenizer.encode("zz")], params)  # generate wakes a sleeping engine
+    assert a.response_ids == b.response_ids
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_agrees_with_hf_in_distribution(engine, tokenizer, policy):
+    from stare_lightning.rollout.hf import HFRolloutEngine
+
+    prompt = [tokenizer.encode("q")]
+    params = SamplingParams(n=400, max_new_tokens=1, temperature=0.1, seed=0)
+    with torch.no_grad():
+        probs = torch.softmax(policy(torch.tensor(prompt)).logits[0, -1] / 0.1, -1)
+    for out in (engine.generate(prompt, params), HFRolloutEngine(policy, tokenizer).generate(prompt, params)):
+        counts = torch.bincount(torch.tensor([r[0] for r in out.response_ids]), minlength=probs.numel())
+        total_variation = 0.5 * (counts / counts.sum() - probs).abs().sum().item()
+        assert total_variation < 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_sync_weights_after_training(engine, tokenizer, policy):
+    """After a few large optimizer steps the engine only matches the trainer once weights are synced."""
+    original = copy.deepcopy(policy)
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    batch = torch.tensor([tokenizer.encode("the answer is 42.") + [tokenizer.eos_token_id]])
+    for _ in range(4):
+        policy(batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    policy.eval()
+    prompt = [tokenizer.encode("the answer is")]
+    params = SamplingParams(n=4, max_new_tokens=12, seed=3)
+    try:
+        stale = engine.generate(prompt, params)
+        assert _max_abs_diff(policy, stale) > 0.5, "without a sync the engine must still hold the old weights"
+        engine.sync_weights(policy)
+        assert engine.last_sync_seconds > 0
+        synced = engine.generate(prompt, params)
+        assert _max_abs_diff(policy, synced) < 1e-3
+        assert synced.response_ids != stale.response_ids  # it samples from the new policy
+    finally:
+        engine.sync_weights(original)  # leave the shared engine as the other tests expect it
+    assert _max_abs_diff(original, engine.generate(prompt, params)) < 1e-4
+
+
+def _sharded_worker(rank: int, world: int, init_file: str, tiny_dir: str, results) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine, iter_full_weights
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        tok = AutoTokenizer.from_pretrained(tiny_dir)
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        engine = VLLMRolloutEngine(tiny_dir, max_model_len=64, kv_cache_memory_bytes=16 << 20)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        batch = torch.tensor([tok.encode(f"rank {rank} data")])
+        for _ in range(2):
+            model(batch, labels=batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        engine.sync_weights(model)  # all-gathers every parameter, same order on both ranks
+        full = {name: t.clone() for name, t in iter_full_weights(model)}
+        out = engine.generate([tok.encode(f"r{rank}")], SamplingParams(n=2, max_new_tokens=10, seed=rank))
+        engine.close()
+        dist.barrier()  # the trainer's process group survives the engine
+        if rank == 0:
+            results["state"] = full
+        results[rank] = (out.prompt_ids, out.response_ids, out.response_logprobs)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_fsdp2_sync_on_two_ranks(tiny_dir, tmp_path):
+    """Each rank of a 2-process FSDP2 trainer owns an engine; sync gathers DTensors and leaves the group intact."""
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    results = mp.Manager().dict()
+    mp.start_processes(
+        _sharded_worker,
+        args=(2, str(tmp_path / "init"), str(tiny_dir), results),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    trained = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    trained.load_state_dict(dict(results["state"]))
+    for rank in (0, 1):
+        prompts, responses, logprobs = results[rank]
+        for prompt, resp, lps in zip(prompts, responses, logprobs):
+            torch.testing.assert_close(
+                torch.tensor(lps), _trainer_logprobs(trained, prompt, resp), atol=1e-3, rtol=0
+            )
