@@ -50,6 +50,7 @@ class CollectionStats:
     kept_texts: list[str] = field(default_factory=list)
     kept_correct: torch.Tensor | None = None
     kept_finish_reasons: list[str] = field(default_factory=list)
+    generated_rewards: list[torch.Tensor] = field(default_factory=list)  # [groups, n] of every batch, kept or not
 
 
 def score_rollouts(
@@ -87,7 +88,7 @@ def collect_experience(
     cfg: AlgorithmConfig,
     *,
     pad_token_id: int,
-    more_prompts: Callable[[int], list[dict]] | None = None,
+    more_prompts: Callable[[int, int], list[dict]] | None = None,
     seed: int = 0,
 ) -> tuple[Experience, CollectionStats]:
     """Generate, score and (with dynamic sampling) filter until ``len(items)`` groups carry signal."""
@@ -108,6 +109,7 @@ def collect_experience(
         stats.verifier_errors += scored.verifier_errors
         stats.generation_seconds += rollouts.generation_seconds
         stats.generated_tokens += rollouts.num_tokens
+        stats.generated_rewards.append(scored.rewards)
         zero_std = zero_variance_groups(scored.rewards)
         stats.zero_std_groups += int(zero_std.sum())
         keep = ~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)
@@ -120,7 +122,7 @@ def collect_experience(
         done = have >= target_groups or not cfg.dynamic_sampling
         if done or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
             break
-        batch_items = more_prompts(target_groups)
+        batch_items = more_prompts(target_groups, stats.generation_batches)
     if not kept:  # nothing carried signal: keep the last batch so this rank still takes part in the update
         kept, kept_group_ids = [last], [torch.arange(last.rewards.shape[0])]
     n = params.n

@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stare_lightning.algorithms import (
     AdaptiveEntropyCoefficient,
     LossNormalizer,
-    STAREController,
     entropy_sensitivity,
     gather_variable_length,
     policy_loss,
@@ -52,14 +51,7 @@ class STAREModule(LightningModule):
         self.engine = None
         self._engine_stale = True
         alg = cfg.algorithm
-        self.controller = (
-            STAREController(
-                target_entropy=alg.stare.target_entropy, w=alg.stare.w, m=alg.stare.m, adaptive=alg.stare.adaptive,
-                alpha=alg.stare.alpha, w_max=alg.stare.w_max, m_min=alg.stare.m_min, timing=alg.stare.timing,
-            )
-            if alg.stare.enabled
-            else None
-        )
+        self.controller = alg.stare.make_controller() if alg.stare.enabled else None
         self.entropy_coefficient = (
             AdaptiveEntropyCoefficient(
                 target=alg.entropy_target, init_coef=alg.entropy_coef, lr=alg.entropy_coef_lr, max_coef=alg.entropy_coef_max
@@ -140,24 +132,34 @@ class STAREModule(LightningModule):
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
         )
         experience = experience.to(self.device)
-        self._score_with_rollout_policy(experience)
-        entropy = self._global_token_mean(experience.entropy, experience.response_mask)
-        canary = self.canary.update(experience.rollout_logprobs, experience.old_logprobs, experience.response_mask)
-        step = self._stare_step(experience, entropy)
+        lr = self.lr_schedulers().get_last_lr()[0]
+        # STARE's gate, the adaptive entropy bonus and off-policy updates need the rollout policy's
+        # statistics before the first loss; plain on-policy GRPO reuses its first forward instead.
+        prepass = alg.needs_old_logprob_pass() or alg.uses_adaptive_entropy_coef()
+        if prepass:
+            self._score_with_rollout_policy(experience)
+            entropy = self.train_telemetry.measure_entropy(experience)
+            if self.entropy_coefficient is not None:
+                self.entropy_coefficient.update(entropy)
+            step = self._stare_step(experience, entropy)
         optimizer_stats = self._update(experience)
+        if not prepass:
+            entropy = self.train_telemetry.measure_entropy(experience)
+            step = self._stare_step(experience, entropy)  # telemetry only: no controller, weights stay 1
+        canary = self.canary.update(experience.rollout_logprobs, experience.old_logprobs, experience.response_mask)
         self._engine_stale = True
         self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
         metrics = self.train_telemetry.step(
             experience=experience, collection=collection, entropy=entropy, stare=step, canary=canary,
-            optimizer=optimizer_stats, lr=self.lr_schedulers().get_last_lr()[0],
+            optimizer=optimizer_stats, lr=lr,
         )
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
         self.last_rollout_samples = _samples_for_dump(experience, collection)
         self._last_entropy = entropy
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
-    def _more_prompts(self, count: int) -> list[dict]:
-        return self.trainer.datamodule.more_prompts(count)
+    def _more_prompts(self, count: int, attempt: int) -> list[dict]:
+        return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)
 
     def _step_seed(self) -> int:
         return (self.cfg.seed * 1_000_003 + self.global_step) * max(self.trainer.world_size, 1) + self.global_rank
@@ -165,25 +167,16 @@ class STAREModule(LightningModule):
     @torch.no_grad()
     def _score_with_rollout_policy(self, experience: Experience) -> None:
         """Old log-probs, entropy and the Phi reductions in one no-grad pass, micro-batch by micro-batch."""
-        parts = {"old_logprobs": [], "entropy": [], "sum_p2": [], "sum_p2_logp": []}
-        width = experience.response_width
         self.policy.eval()
-        for part in micro_batches(experience, self.cfg.optim.micro_batch_tokens):
-            stats = response_token_stats(
+        parts = [
+            response_token_stats(
                 self.policy, part, temperature=self.cfg.rollout.temperature,
                 chunk_size=self.cfg.optim.logprob_chunk_size, with_entropy=True, with_sensitivity=True,
             )
-            pad = width - stats.logprobs.shape[1]
-            parts["old_logprobs"].append(torch.nn.functional.pad(stats.logprobs.float(), (0, pad)))
-            parts["entropy"].append(torch.nn.functional.pad(stats.entropy.float(), (0, pad)))
-            parts["sum_p2"].append(torch.nn.functional.pad(stats.sum_p2.float(), (0, pad)))
-            parts["sum_p2_logp"].append(torch.nn.functional.pad(stats.sum_p2_logp.float(), (0, pad)))
+            for part in micro_batches(experience, self.cfg.optim.micro_batch_tokens)
+        ]
         self.policy.train()
-        for name, values in parts.items():
-            setattr(experience, name, torch.cat(values))
-        experience.phi = entropy_sensitivity(
-            experience.old_logprobs, experience.entropy, experience.sum_p2, experience.sum_p2_logp
-        )
+        _store_rollout_stats(experience, parts)
 
     def _stare_step(self, experience: Experience, entropy: float) -> dict:
         """Controller update and token weights (all ones when STARE is off or its gate is closed)."""
@@ -208,7 +201,7 @@ class STAREModule(LightningModule):
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         generator = torch.Generator().manual_seed(self._step_seed())
         sums: dict[str, float] = {}
-        grad_norms = []
+        grad_norms, first_pass = [], []
         for _ in range(alg.ppo_epochs):
             for rows in mini_batch_rows(experience.num_rows, alg.mini_batches, generator):
                 mini = experience.select(rows.to(experience.input_ids.device))
@@ -220,7 +213,9 @@ class STAREModule(LightningModule):
                     # Ranks with fewer micro-batches repeat their last one at zero weight, so every rank runs
                     # the same number of forward/backward collectives.
                     part = parts[min(index, len(parts) - 1)]
-                    loss, stats = self._micro_batch_loss(part, normalizer)
+                    loss, stats, token_stats = self._micro_batch_loss(part, normalizer)
+                    if experience.old_logprobs is None and index < len(parts):
+                        first_pass.append(token_stats)
                     scale = float(index < len(parts)) * self.trainer.world_size
                     if not torch.isfinite(loss):
                         finite = False
@@ -245,23 +240,26 @@ class STAREModule(LightningModule):
                     )
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
+        if experience.old_logprobs is None:  # on-policy without a pre-pass: keep the first forward's statistics
+            _store_rollout_stats(experience, first_pass)
         sums["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         return sums
 
     def _micro_batch_loss(self, part: Experience, normalizer: LossNormalizer):
         cfg, alg = self.cfg, self.cfg.algorithm
-        need_entropy = alg.entropy_coef > 0 or self.entropy_coefficient is not None or alg.entropy_control == "top_entropy"
+        on_policy_first_pass = part.old_logprobs is None
         stats = response_token_stats(
             self.policy, part, temperature=cfg.rollout.temperature, chunk_size=cfg.optim.logprob_chunk_size,
-            with_entropy=need_entropy,
+            with_entropy=alg.needs_entropy() or on_policy_first_pass, with_sensitivity=on_policy_first_pass,
         )
+        old_logprobs = stats.logprobs.detach() if on_policy_first_pass else part.old_logprobs
         weights = part.token_weights
         if alg.stare.enabled and alg.stare.scope == "micro_batch":
             source = stats.logprobs.detach() if alg.stare.surprisal_source == "current" else part.old_logprobs
-            params = self.controller
+            controller = self.controller
             weights, _ = stare_weights_for_scope(
                 source, part.advantages, part.response_mask, scope="micro_batch", variant=alg.stare.variant,
-                top_ratio=alg.stare.top_ratio, w=params.w, m=params.m, gate_on=params.gate_on,
+                top_ratio=alg.stare.top_ratio, w=controller.w, m=controller.m, gate_on=controller.gate_on,
                 selector=alg.stare.selector, sensitivity=part.phi,
             )
         ref_logprobs = None
@@ -272,10 +270,12 @@ class STAREModule(LightningModule):
                     chunk_size=cfg.optim.logprob_chunk_size, with_entropy=False,
                 ).logprobs
         coef = self.entropy_coefficient.coef if self.entropy_coefficient is not None else alg.entropy_coef
-        return policy_loss(
-            stats.logprobs, part.old_logprobs, part.advantages, part.response_mask, alg, normalizer,
-            token_weights=weights, ref_logprobs=ref_logprobs, entropy=stats.entropy, entropy_coef=coef,
+        loss, loss_stats = policy_loss(
+            stats.logprobs, old_logprobs, part.advantages, part.response_mask, alg, normalizer,
+            token_weights=weights, ref_logprobs=ref_logprobs,
+            entropy=stats.entropy if alg.needs_entropy() else None, entropy_coef=coef,
         )
+        return loss, loss_stats, stats
 
     def _normalizer(self, mini: Experience) -> LossNormalizer:
         counts = torch.tensor(
@@ -301,11 +301,6 @@ class STAREModule(LightningModule):
             dist.all_reduce(tensor, op=op)
         return tensor
 
-    def _global_token_mean(self, values: torch.Tensor, mask: torch.Tensor) -> float:
-        totals = torch.stack([(values * mask).sum(), mask.sum()]).double()
-        totals = self._all_reduce(totals, dist.ReduceOp.SUM)
-        return float(totals[0] / totals[1].clamp(min=1))
-
     # ------------------------------------------------------------------------------------ validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> None:
         rollout = self.cfg.rollout
@@ -328,6 +323,22 @@ class STAREModule(LightningModule):
 
     def on_fit_end(self) -> None:
         self.verifiers.close()
+
+
+def _store_rollout_stats(experience: Experience, parts: list) -> None:
+    """Write per-micro-batch token statistics (trimmed widths, consecutive rows) back as padded step tensors."""
+    width = experience.response_width
+
+    def padded(name: str) -> torch.Tensor:
+        values = [getattr(stats, name).detach().float() for stats in parts]
+        return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+
+    experience.old_logprobs = padded("logprobs")
+    for name in ("entropy", "sum_p2", "sum_p2_logp"):
+        setattr(experience, name, padded(name))
+    experience.phi = entropy_sensitivity(
+        experience.old_logprobs, experience.entropy, experience.sum_p2, experience.sum_p2_logp
+    )
 
 
 def _samples_for_dump(experience: Experience, collection) -> list[dict]:

@@ -48,12 +48,19 @@ class TrainTelemetry(nn.Module):
         self.lengths = ResponseLength()
         self.zero_std = FracZeroStdGroups()
         self.gate_rate = GateRate()  # cumulative over the run: the gate on-rate so far
+        self.gate_rate.persistent(True)  # so it survives a resume, like the forecast window
+
+    def measure_entropy(self, experience: Experience) -> float:
+        """H_k: token-mean entropy of the rollout policy over every valid response token of the step, all ranks."""
+        self.entropy.reset()
+        self.entropy.update(experience.entropy, experience.response_mask)
+        return float(self.entropy.compute()["entropy"])
 
     def step(self, *, experience: Experience, collection, entropy: float, stare: dict, canary: dict,
              optimizer: dict, lr: float) -> dict[str, float]:
         mask = experience.response_mask
         out: dict[str, float] = {}
-        per_step = (self.entropy, self.quadrants, self.reflection, self.distinct, self.lengths, self.zero_std)
+        per_step = (self.quadrants, self.reflection, self.distinct, self.lengths, self.zero_std)
         for metric in per_step:
             metric.reset()
         self.quadrants.update(experience.advantages, mask, experience.phi, experience.token_weights, experience.selected)
@@ -62,8 +69,9 @@ class TrainTelemetry(nn.Module):
         texts = collection.kept_texts
         self.distinct.update([texts[i : i + n] for i in range(0, len(texts), n)], collection.kept_correct > 0.5)
         self.lengths.update(mask.sum(-1))
-        self.zero_std.update(experience.rewards.view(-1, n))
-        for metric in per_step[1:]:
+        for rewards in collection.generated_rewards:  # before dynamic sampling dropped any group
+            self.zero_std.update(rewards)
+        for metric in per_step:
             out.update({k: float(v) for k, v in metric.compute().items()})
 
         # Sums over this rank's step, reduced once across ranks.
@@ -98,8 +106,7 @@ class TrainTelemetry(nn.Module):
         out["verifier/errors"] = errors
         seconds = max(collection.generation_seconds, 1e-9)
         out["rollout/tokens_per_s"] = collection.generated_tokens / seconds
-        out["rollout/logprob_abs_diff/mean"] = canary["mean"]
-        out["rollout/logprob_abs_diff/max"] = canary["max"]
+        out.update(canary)  # rollout/logprob_abs_diff/{mean,max}
 
         self.gate_rate.update(bool(stare["gate_on"]))
         out["stare/gate_on"] = float(stare["gate_on"])

@@ -9,9 +9,11 @@ import lightning
 import torch
 from transformers import AutoTokenizer
 
+from stare_lightning.checkpoint_io import SafeCheckpointIO
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
 from stare_lightning.config.schema import RunConfig
 from stare_lightning.data.datamodule import PromptDataModule
+from stare_lightning.data.tasks import sft_examples
 from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
 from stare_lightning.models.registry import default_cache_dir, resolve_model
 
@@ -29,8 +31,9 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) ->
     if (target / "config.json").is_file():
         return target
     if datamodule is None:
-        datamodule = PromptDataModule(cfg.data, AutoTokenizer.from_pretrained(base))
-    examples = datamodule.sft_examples()
+        datamodule = PromptDataModule(cfg.data, tokenizer=None)
+        datamodule.load_records()
+    examples = sft_examples(datamodule.train_records)
     print(f"[cold start] supervised warm-up of {cfg.model.name_or_path} on {len(examples)} examples -> {target}")
     return supervised_fine_tune(base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed)
 
@@ -44,19 +47,22 @@ def build_trainer(cfg: RunConfig, **overrides) -> lightning.Trainer:
         callbacks.append(RunSummary())
     trainer_cfg = dict(cfg.trainer)
     trainer_cfg.update(overrides)
+    plugins = []
+    if "ModelParallelStrategy" not in str(trainer_cfg.get("strategy", "")):  # that one writes distributed checkpoints
+        plugins.append(SafeCheckpointIO())
     return safe_instantiate(
-        trainer_cfg, callbacks=callbacks, logger=loggers or False, extra_allowed=cfg.allowed_targets, where="trainer",
-        _convert_="all",
+        trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=plugins or None,
+        extra_allowed=cfg.allowed_targets, where="trainer", _convert_="all",
     )
 
 
 def _setup(cfg: RunConfig):
-    # Data first: a malformed file or unknown verifier must fail before any model is built or trained.
     lightning.seed_everything(cfg.seed, workers=True, verbose=False)
-    records_check = PromptDataModule.check_config(cfg.data)  # noqa: F841  (raises on bad input)
-    model_dir = prepare_model(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    datamodule = PromptDataModule(cfg.data, tokenizer)
+    # Data first: a malformed file or an unknown verifier fails before any model is prepared or trained.
+    datamodule = PromptDataModule(cfg.data, tokenizer=None)
+    datamodule.load_records()
+    model_dir = prepare_model(cfg, datamodule)
+    datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     from stare_lightning.module import STAREModule
 
     return STAREModule(cfg, str(model_dir)), datamodule

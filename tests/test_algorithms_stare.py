@@ -239,8 +239,12 @@ def test_scope_value_errors():
         stare_weights_for_scope(lp, adv, mask, scope="step", top_ratio=2.0)
     with pytest.raises(ValueError, match="unknown"):
         stare_weights_for_scope(lp, adv, mask, scope="step", topk=2)
-    with pytest.raises(ValueError, match="gather"):
-        stare_weights_for_scope(lp, adv, mask, scope="sequence", gather=lambda t: t)
+    # other scopes never communicate: a gather is accepted and not called
+    def refuse(t):
+        raise AssertionError("gather called")
+    a, _ = stare_weights_for_scope(lp, adv, mask, scope="sequence", gather=refuse)
+    b, _ = stare_weights_for_scope(lp, adv, mask, scope="sequence")
+    assert torch.equal(a, b)
 
 
 def test_gather_is_identity_without_distributed():
@@ -333,3 +337,14 @@ def test_controller_no_warning_on_finite():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c.update(0.1)
+
+
+def test_step_scope_with_empty_parts():
+    lp, adv, mask, _ = random_batch(12)
+    assert stare_weights_for_scope([], [], [], scope="step") == ([], [])
+    empty_mask = torch.zeros_like(mask)
+    got, stats = stare_weights_for_scope([lp[:2], lp[2:]], [adv[:2], adv[2:]], [empty_mask[:2], mask[2:]],
+                                         scope="step", variant="C2", top_ratio=0.3)
+    whole, _ = stare_token_weights(lp[2:], adv[2:], mask[2:], variant="C2", top_ratio=0.3)
+    assert torch.equal(got[0], torch.ones(2, lp.shape[1])) and torch.equal(got[1], whole)
+    assert stats[0].num_valid.item() == 0

@@ -182,3 +182,19 @@ def test_bad_targets_and_shapes():
         token_stats_from_logits(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="lm_head_weight"):
         token_stats_from_hidden(torch.zeros(1, 2, 4), torch.zeros(5, 3), torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_minus_inf_logits_give_finite_stats():
+    logits = torch.randn(2, 3, 8)
+    logits[..., 5:] = -float("inf")  # e.g. a masked vocabulary tail
+    logits[0, 0, 5] = -1e30
+    targets = torch.tensor([[0, 1, 2], [3, 4, 6]])  # (1, 2) targets an impossible token
+    x = logits.clone().requires_grad_()
+    st = token_stats_from_logits(x, targets, chunk_size=4, with_sensitivity=True)
+    ref = loop_stats(logits[..., :5], targets.clamp(max=4))
+    ok = targets < 5
+    torch.testing.assert_close(st.logprobs[ok].double(), ref["lp"][ok], rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(st.entropy.double(), ref["ent"], rtol=1e-5, atol=2e-6)
+    assert st.logprobs[1, 2].item() <= -1e4 + 1
+    (st.logprobs.sum() + st.entropy.sum()).backward()
+    assert torch.isfinite(x.grad).all()

@@ -68,7 +68,8 @@ def ids(batch):
         ({"task_kwargs": {"num_numbers": 9}}, r"num_numbers must be in 2\.\.5"),
         ({"default_verifier": "nope"}, "data.default_verifier: unknown verifier 'nope'; known verifiers: countdown"),
         ({"user_verifiers": ["os:system"]}, "standard library"),
-        ({"task": None, "train_files": ["x.jsonl"], "columns": {"question": "q"}}, r"unknown schema keys \['question'\]"),
+        ({"task": None, "train_files": ["x.jsonl"], "columns": {"question": "q"}},
+         r"unknown schema keys \['question'\]"),
     ],
 )
 def test_config_errors(kwargs, pattern):
@@ -105,7 +106,8 @@ def test_two_ranks_get_disjoint_slices_of_every_global_batch(tok):
     item = b0[0]
     assert set(item) == {"id", "prompt_ids", "prompt_text", "answer", "verifier", "metadata"}
     assert item["verifier"] == "countdown" and item["prompt_ids"][0] == 1  # <bos>
-    assert tok.decode(item["prompt_ids"], skip_special_tokens=True).replace(" ", "") == item["prompt_text"].replace(" ", "")
+    decoded = tok.decode(item["prompt_ids"], skip_special_tokens=True)
+    assert decoded.replace(" ", "") == item["prompt_text"].replace(" ", "")
 
 
 def test_epochs_are_reshuffled(tok):

@@ -76,9 +76,11 @@ def test_parquet(tmp_path):
 
 def test_datasets_directory(tmp_path):
     datasets = pytest.importorskip("datasets")
-    ds = datasets.Dataset.from_list([{"question": "1+1?", "sol": {"value": "2"}}, {"question": "2+3?", "sol": {"value": "5"}}])
-    ds.save_to_disk(str(tmp_path / "ds"))
-    records = load_records(tmp_path / "ds", default_verifier="numeric", columns={"prompt": "question", "answer": "sol.value"})
+    rows = [{"question": "1+1?", "sol": {"value": "2"}}, {"question": "2+3?", "sol": {"value": "5"}}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))
+    columns = {"prompt": "question", "answer": "sol.value"}
+    records = load_records(tmp_path / "ds", default_verifier="numeric", columns=columns)
     assert [(r.prompt, r.answer, r.verifier) for r in records] == [("1+1?", "2", "numeric"), ("2+3?", "5", "numeric")]
     assert "question" not in records[0].metadata  # mapped columns do not leak into metadata
     datasets.DatasetDict({"test": ds, "validation": ds.select([0])}).save_to_disk(str(tmp_path / "dd"))
@@ -145,7 +147,8 @@ def test_missing_answer_in_json_and_parquet_names_item_and_row(tmp_path):
     [
         ({"answer": "1"}, "missing required key 'prompt'"),
         ({"prompt": "   ", "answer": "1"}, "'prompt' must be a non-empty string"),
-        ({"prompt": "p", "messages": [{"role": "user", "content": "p"}], "answer": "1"}, "both 'prompt' and 'messages'"),
+        ({"prompt": "p", "messages": [{"role": "user", "content": "p"}], "answer": "1"},
+         "both 'prompt' and 'messages'"),
         ({"messages": [{"role": "user"}], "answer": "1"}, r"messages\[0\] needs a string 'content'"),
         ({"prompt": "p", "answer": ""}, "'answer' is empty"),
         ({"prompt": "p", "answer": ["1", "2"]}, "'answer' must be a string or a number"),

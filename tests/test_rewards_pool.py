@@ -80,8 +80,8 @@ def test_hanging_user_verifier_times_out_and_the_next_call_works(pool, user_modu
 
 
 def test_slow_items_each_get_their_own_deadline(pool, user_module):
-    # three items of 0.6 s: 1.8 s in all, but each one is under the 1 s per-call limit
-    result = pool.score([(f"{user_module}:sleep_a_bit", "0.6", "", {})] * 3)
+    # three items of 0.45 s: 1.35 s in all, but each one is under the 1 s per-call limit
+    result = pool.score([(f"{user_module}:sleep_a_bit", "0.45", "", {})] * 3)
     assert result.scores == [1.0, 1.0, 1.0] and result.timeouts == 0
 
 

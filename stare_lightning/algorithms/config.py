@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_SELECTORS, STARE_TIMINGS, STARE_VARIANTS, STAREController
+from stare_lightning.algorithms.stare import (
+    STARE_SCOPES,
+    STARE_SELECTORS,
+    STARE_TIMINGS,
+    STARE_VARIANTS,
+    STAREController,
+)
 from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
 
 __all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "StareConfig"]

@@ -39,6 +39,11 @@ from stare_lightning.algorithms.surrogates import (
 __all__ = ["policy_loss"]
 
 
+def _valid_sum(x: Tensor, valid: Tensor) -> Tensor:
+    """Detached float32 sum of x over the valid positions (garbage elsewhere never leaks)."""
+    return torch.where(valid, x.detach(), torch.zeros((), dtype=x.dtype, device=x.device)).sum().to(torch.float32)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -115,7 +120,7 @@ def policy_loss(
         kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, normalizer)
         if cfg.kl_coef > 0:
             loss = loss + cfg.kl_coef * kl_loss
-        stats["kl_sum"] = torch.where(valid, kl, torch.zeros((), dtype=kl.dtype, device=kl.device)).sum().detach().to(f32)
+        stats["kl_sum"] = _valid_sum(kl, valid)
         stats["kl_loss"] = kl_loss.detach().to(f32)
 
     if entropy_coef != 0 and entropy is None:
@@ -139,8 +144,7 @@ def policy_loss(
         )
         stats["pg_loss"] = pg_loss.detach().to(f32)
         ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        stats["ratio_sum"] = torch.where(valid, ratio, torch.zeros((), dtype=ratio.dtype, device=ratio.device)).sum().to(f32)
+        stats["ratio_sum"] = _valid_sum(ratio, valid)
         if token_weights is not None:
-            stats["weight_sum"] = torch.where(valid, token_weights, torch.zeros((), dtype=token_weights.dtype,
-                                                                                    device=token_weights.device)).sum().to(f32)
+            stats["weight_sum"] = _valid_sum(token_weights, valid)
     return loss, stats

@@ -172,6 +172,7 @@ def _weights_from_parts(
     m: float,
     gate_on: bool,
     selector: str,
+    device: torch.device,
 ) -> Tuple[List[Tensor], List[StareStats]]:
     """Selection over the concatenated valid-token streams of several [B_i, T_i] parts."""
     scores, advs, segs, valids, advs_full = [], [], [], [], []
@@ -198,8 +199,8 @@ def _weights_from_parts(
         valids.append(valid)
         advs_full.append(a_full)
         row0 += lp.shape[0]
-    local_scores = torch.cat(scores) if scores else torch.zeros(0, dtype=torch.float64)
-    local_adv = torch.cat(advs) if advs else torch.zeros(0, dtype=torch.float64)
+    local_scores = torch.cat(scores) if scores else torch.zeros(0, dtype=torch.float64, device=device)
+    local_adv = torch.cat(advs) if advs else torch.zeros(0, dtype=torch.float64, device=device)
     local_seg = torch.cat(segs) if num_seg > 1 else None
 
     if gather is not None:
@@ -268,6 +269,7 @@ def stare_token_weights(
             [logprobs], [advantages], [mask], None if sensitivity is None else [sensitivity],
             seg_of_row=lambda i, r0, b: torch.zeros(b, dtype=torch.long), num_seg=1, gather=None, rank=None,
             variant=variant, top_ratio=top_ratio, w=w, m=m, gate_on=gate_on, selector=selector,
+            device=logprobs.device,
         )
     return weights[0], stats[0]
 
@@ -293,6 +295,7 @@ def stare_weights_for_scope(
         pass `gather=lambda t: t` to stay local). The weights do not depend on how the tokens are
         split into parts, on padding, nor on the number of ranks. Every rank must call it.
         `rank` is this process's index in `gather`'s concatenation (default: the global rank).
+        The other scopes never communicate and ignore `gather` and `rank`.
       "micro_batch": a separate selection inside each part (the reference code's behaviour).
       "sequence": a separate selection inside each row.
       "group": a separate selection inside each block of `group_size` consecutive rows, counted
@@ -353,13 +356,11 @@ def stare_weights_for_scope(
 
         def seg_of_row(i, r0, b):
             return torch.arange(r0, r0 + b, dtype=torch.long, device=device) // group_size
-    if gather is not None and scope != "step":
-        raise ValueError(f"gather is only used with scope 'step', not scope={scope!r}")
 
     with torch.no_grad():
         weights, stats = _weights_from_parts(
             lps, advs, masks, sens, seg_of_row=seg_of_row, num_seg=max(num_seg, 1), gather=gather_fn, rank=rank,
-            variant=variant, top_ratio=top_ratio, w=w, m=m, gate_on=gate_on, selector=selector,
+            variant=variant, top_ratio=top_ratio, w=w, m=m, gate_on=gate_on, selector=selector, device=device,
         )
     if single:
         return weights[0], stats[0]

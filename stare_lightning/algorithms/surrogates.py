@@ -37,6 +37,7 @@ __all__ = [
     "LossNormalizer",
     "SurrogateStats",
     "aggregate_loss",
+    "broadcast_advantages",
     "clipped_surrogate",
     "entropy_bonus",
     "kl_penalty",

@@ -6,19 +6,20 @@ entropy H, and the two sums sum_j pi_j^2 and sum_j pi_j^2 log pi_j from which th
 sensitivity Phi is built (see `sensitivity.py`).
 
 How: the B*T positions are treated as rows and processed `chunk_size` rows at a time, in float32
-whatever the dtype of the logits (float64 input keeps float64, which makes gradcheck possible), after dividing the logits by the sampling temperature. A custom
-autograd function keeps only its inputs and two floats per row (log-partition and entropy) and
-recomputes each chunk's softmax in the backward, so the extra memory scales with
-`chunk_size * V`, never with `B * T * V`, with or without autograd. `token_stats_from_hidden` goes
-one step further and never holds the logits at all: each chunk's logits come from a matmul with
-the LM head and are dropped after use.
+whatever the dtype of the logits (float64 input keeps float64, which makes gradcheck possible),
+after dividing the logits by the sampling temperature. A custom autograd function keeps only its
+inputs and two numbers per row (log-partition and entropy) and recomputes each chunk's softmax in
+the backward, so the extra memory is two reusable [chunk_size, V] buffers plus a temporary of the
+same size, never [B*T, V], with or without autograd. `token_stats_from_hidden` goes one step further
+and never holds the logits at all: each chunk's logits come from a matmul with the LM head.
 
 Gradients reach the logits (or the hidden states and the LM head) through the log-probabilities and,
 when asked for, the entropy. The two sensitivity sums are telemetry and are returned detached.
 
-Departure from the paper: none in substance. The paper's reference code materialises the
-full [B, T, V] tensor for the entropy; the chunked pass returns the same numbers within float32
-rounding.
+Departure from the paper: none in substance. The paper's reference code materialises the full
+[B, T, V] tensor for the entropy; the chunked pass returns the same numbers within float32 rounding.
+Log-probabilities are floored at -1e4 (LOGPROB_FLOOR), so -inf logits (a masked vocabulary) give
+finite statistics instead of NaN; no probability changes, since exp(-1e4) is 0 in float32 and float64.
 """
 
 from __future__ import annotations
@@ -100,42 +101,73 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _to_private(chunk: Tensor, temperature: float) -> Tensor:
-    """A float32 (float64 for float64 input) copy of `chunk` divided by the temperature, safe to overwrite."""
-    z = chunk.to(_math_dtype(chunk.dtype), copy=True)
-    if temperature != 1.0:
-        z.div_(temperature)
-    return z
+# See the module docstring: -inf logits give finite statistics, and no probability changes.
+LOGPROB_FLOOR = -1.0e4
 
 
-def _chunk_forward(z: Tensor, tgt: Tensor, with_entropy: bool, with_sens: bool):
-    """Statistics of one chunk. `z` is a private float32 [c, V] buffer and is overwritten."""
-    lse = torch.logsumexp(z, dim=-1)
-    lp = z.gather(1, tgt.unsqueeze(1)).squeeze(1) - lse
+class _Workspace:
+    """Two reusable [chunk, V] buffers in the math dtype (fewer allocations and page faults per chunk)."""
+
+    def __init__(self, rows: int, width: int, dtype: torch.dtype, device: torch.device):
+        self.z = torch.empty(rows, width, dtype=dtype, device=device)
+        self.p = torch.empty(rows, width, dtype=dtype, device=device)
+
+    def load(self, chunk: Tensor, temperature: float) -> Tensor:
+        """The chunk copied into the first buffer in the math dtype and divided by the temperature."""
+        z = self.z[: chunk.shape[0]]
+        z.copy_(chunk)
+        if temperature != 1.0:
+            z.div_(temperature)
+        return z
+
+    def load_matmul(self, h: Tensor, weight: Tensor, temperature: float) -> Tensor:
+        """The chunk's logits h @ weight.T (computed in the weight's dtype) in the first buffer, tempered."""
+        z = self.z[: h.shape[0]]
+        if weight.dtype == z.dtype:
+            torch.mm(h, weight.t(), out=z)
+        else:
+            z.copy_(h @ weight.t())
+        if temperature != 1.0:
+            z.div_(temperature)
+        return z
+
+
+def _chunk_forward(z: Tensor, pbuf: Tensor, tgt: Tensor, with_entropy: bool, with_sens: bool):
+    """Statistics of one chunk from its tempered logits `z` (overwritten); `pbuf` is scratch of z's shape."""
+    mx = z.amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros((), dtype=mx.dtype, device=mx.device))
+    z.sub_(mx)
+    p = torch.exp(z, out=pbuf)
+    total = p.sum(dim=-1, keepdim=True)
+    log_total = total.log()
+    lse = (mx + log_total).squeeze(1)
     ent = s2 = s2l = None
-    if with_entropy or with_sens:
-        z.sub_(lse.unsqueeze(1))  # z now holds log pi
-        p = z.exp()
-        ent = -torch.linalg.vecdot(p, z)
-        if with_sens:
-            s2 = torch.linalg.vecdot(p, p)
-            p.mul_(p)
-            s2l = torch.linalg.vecdot(p, z)
+    if not (with_entropy or with_sens):
+        lp = (z.gather(1, tgt.unsqueeze(1)) - log_total).squeeze(1).clamp_(min=LOGPROB_FLOOR)
+        return lse, lp, ent, s2, s2l
+    z.sub_(log_total).clamp_(min=LOGPROB_FLOOR)  # z now holds log pi
+    lp = z.gather(1, tgt.unsqueeze(1)).squeeze(1)
+    p.div_(total)
+    ent = -torch.linalg.vecdot(p, z)
+    if with_sens:
+        s2 = torch.linalg.vecdot(p, p)
+        p.mul_(p)
+        s2l = torch.linalg.vecdot(p, z)
     return lse, lp, ent, s2, s2l
 
 
 def _chunk_grad(
-    z: Tensor, tgt: Tensor, lse: Tensor, ent: Optional[Tensor], g_lp: Optional[Tensor], g_ent: Optional[Tensor],
-    temperature: float,
+    z: Tensor, pbuf: Tensor, tgt: Tensor, lse: Tensor, ent: Optional[Tensor], g_lp: Optional[Tensor],
+    g_ent: Optional[Tensor], temperature: float,
 ) -> Tensor:
     """Gradient of sum(g_lp * logprob + g_ent * entropy) w.r.t. the raw (un-tempered) logits of a chunk.
 
     With q = log pi and d logpi_o / dz_j = [j = o] - pi_j and dH / dz_j = -pi_j (q_j + H):
     grad_j = g_lp [j = o] - pi_j (g_lp + g_ent * H + g_ent * q_j), then divided by the temperature.
-    `z` is the private float32 tempered-logit buffer of the chunk and is overwritten.
+    `z` holds the chunk's tempered logits and is overwritten by the gradient, which is returned.
     """
-    z.sub_(lse.unsqueeze(1))  # log pi
-    p = z.exp()
+    z.sub_(lse.unsqueeze(1)).clamp_(min=LOGPROB_FLOOR)  # log pi, exactly as in the forward
+    p = torch.exp(z, out=pbuf)
     if g_ent is not None:
         coef = g_ent * ent
         if g_lp is not None:
@@ -166,12 +198,14 @@ class _ChunkedLogitStats(torch.autograd.Function):
         ent = torch.empty(n if with_entropy else 0, dtype=md, device=dev)
         s2 = torch.empty(n if with_sens else 0, dtype=md, device=dev)
         s2l = torch.empty(n if with_sens else 0, dtype=md, device=dev)
+        ws = _Workspace(min(chunk_size, n), src.width, md, dev) if n else None
         with torch.no_grad():
             for start in range(0, n, chunk_size):
                 end = min(n, start + chunk_size)
-                z = _to_private(src.get(start, end), temperature)
-                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(z, flat_t[start:end], with_entropy, with_sens)
-                del z
+                z = ws.load(src.get(start, end), temperature)
+                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(
+                    z, ws.p[: end - start], flat_t[start:end], with_entropy, with_sens
+                )
                 lse[start:end] = c_lse
                 lp[start:end] = c_lp
                 if with_entropy:
@@ -202,11 +236,13 @@ class _ChunkedLogitStats(torch.autograd.Function):
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         src = _RowSource(logits)
         grad_flat = grad.view(src.rows, src.width)
+        ws = _Workspace(min(ctx.chunk_size, src.rows), src.width, lse.dtype, lse.device)
         for start in range(0, src.rows, ctx.chunk_size):
             end = min(src.rows, start + ctx.chunk_size)
-            z = _to_private(src.get(start, end), ctx.temperature)
+            z = ws.load(src.get(start, end), ctx.temperature)
             g = _chunk_grad(
-                z, flat_t[start:end], lse[start:end], ent[start:end] if g_ent is not None else None,
+                z, ws.p[: end - start], flat_t[start:end], lse[start:end],
+                ent[start:end] if g_ent is not None else None,
                 None if g_lp is None else g_lp[start:end].to(z.dtype),
                 None if g_ent is None else g_ent[start:end].to(z.dtype), ctx.temperature,
             )
@@ -228,12 +264,14 @@ class _ChunkedHiddenStats(torch.autograd.Function):
         ent = torch.empty(n if with_entropy else 0, dtype=md, device=dev)
         s2 = torch.empty(n if with_sens else 0, dtype=md, device=dev)
         s2l = torch.empty(n if with_sens else 0, dtype=md, device=dev)
+        ws = _Workspace(min(chunk_size, n), weight.shape[0], md, dev) if n else None
         with torch.no_grad():
             for start in range(0, n, chunk_size):
                 end = min(n, start + chunk_size)
-                z = _to_private(src.get(start, end) @ weight.t(), temperature)
-                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(z, flat_t[start:end], with_entropy, with_sens)
-                del z
+                z = ws.load_matmul(src.get(start, end), weight, temperature)
+                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(
+                    z, ws.p[: end - start], flat_t[start:end], with_entropy, with_sens
+                )
                 lse[start:end] = c_lse
                 lp[start:end] = c_lp
                 if with_entropy:
@@ -265,12 +303,14 @@ class _ChunkedHiddenStats(torch.autograd.Function):
             return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
         src = _RowSource(hidden)
         grad_h_flat = grad_h.view(src.rows, src.width) if need_h else None
+        ws = _Workspace(min(ctx.chunk_size, src.rows), weight.shape[0], lse.dtype, lse.device)
         for start in range(0, src.rows, ctx.chunk_size):
             end = min(src.rows, start + ctx.chunk_size)
             h = src.get(start, end)
-            z = _to_private(h @ weight.t(), ctx.temperature)
+            z = ws.load_matmul(h, weight, ctx.temperature)
             g = _chunk_grad(
-                z, flat_t[start:end], lse[start:end], ent[start:end] if g_ent is not None else None,
+                z, ws.p[: end - start], flat_t[start:end], lse[start:end],
+                ent[start:end] if g_ent is not None else None,
                 None if g_lp is None else g_lp[start:end].to(z.dtype),
                 None if g_ent is None else g_ent[start:end].to(z.dtype), ctx.temperature,
             )
@@ -281,7 +321,6 @@ class _ChunkedHiddenStats(torch.autograd.Function):
                     grad_w.addmm_(g.t(), h)
                 else:
                     grad_w.add_(g.to(weight.dtype).t() @ h)
-            del z, g
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 

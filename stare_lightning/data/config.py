@@ -39,7 +39,7 @@ class DataConfig:
     val_batch_size: int = 64
     max_prompt_length: int = 64
     num_workers: int = 0
-    default_verifier: Optional[str] = None
+    default_verifier: Optional[str] = None  # for file records that name no verifier (tasks set their own)
     user_verifiers: list[str] = field(default_factory=list)  # package.module:function names records may use
     columns: dict = field(default_factory=dict)  # schema key -> field name in the files (dotted paths allowed)
     train_split: str = "train"  # split of a `datasets` source holding train_files
@@ -62,21 +62,22 @@ class DataConfig:
                 raise ValueError(f"data.{name} must be a mapping, got {value!r}")
             setattr(self, name, dict(value))
 
-        for name in ("train_size", "val_size", "seed", "prompts_per_step", "val_batch_size", "max_prompt_length", "num_workers"):
+        minimum = {"train_size": 1, "val_size": 0, "seed": 0, "prompts_per_step": 1, "val_batch_size": 1,
+                   "max_prompt_length": 1, "num_workers": 0}
+        for name, low in minimum.items():
             value = getattr(self, name)
             if type(value) is not int:
                 raise ValueError(f"data.{name} must be an int, got {value!r}")
-        for name, low in (("train_size", 1), ("val_size", 0), ("prompts_per_step", 1), ("val_batch_size", 1),
-                          ("max_prompt_length", 1), ("num_workers", 0), ("seed", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"data.{name} must be >= {low}, got {getattr(self, name)}")
+            if value < low:
+                raise ValueError(f"data.{name} must be >= {low}, got {value}")
 
         if self.prompt_style not in STYLES:
             raise ValueError(f"data.prompt_style must be one of {list(STYLES)}, got {self.prompt_style!r}")
         if self.task is not None:
             if self.task not in task_names():
                 raise ValueError(
-                    f"data.task must be one of {task_names()} or null (to train from data.train_files), got {self.task!r}"
+                    f"data.task must be one of {task_names()} or null (to train from data.train_files), "
+                    f"got {self.task!r}"
                 )
             if self.train_files or self.val_files:
                 raise ValueError(
@@ -122,6 +123,7 @@ class DataConfig:
     def allowed_user_verifiers(self) -> list[str]:
         """User verifier names records may use: ``user_verifiers`` plus a user ``default_verifier``."""
         names = list(self.user_verifiers)
-        if self.default_verifier and is_user_verifier_name(self.default_verifier) and self.default_verifier not in names:
-            names.append(self.default_verifier)
+        default = self.default_verifier
+        if default and is_user_verifier_name(default) and default not in names:
+            names.append(default)
         return names

@@ -7,7 +7,7 @@ item dicts::
 
 ``prompt_text`` is the rendered prompt (after the chat template, before truncation); ``prompt_ids`` keeps
 its last ``max_prompt_length`` tokens (left truncation: the end of a prompt, where the question and the
-generation prompt sit, survives). Chat records are rendered with the tokenizer's chat template
+generation prompt sit, survives; a leading BOS token goes with the rest). Chat records are rendered with the tokenizer's chat template
 (``add_generation_prompt=True``); a plain ``prompt`` string is wrapped as one user message when the prompt
 style is ``instruct`` and the tokenizer has a chat template, and is otherwise tokenised as it is
 (``add_special_tokens=True``: a BOS token is added by tokenizers that define one). ``encode_prompt`` is
@@ -93,8 +93,7 @@ class _Encoder:
         self._warned = False
 
     def __call__(self, record: PromptRecord) -> dict:
-        style = record.metadata.get("style", self.style)
-        ids, text, truncated = encode_prompt(record, self.tokenizer, style=style, max_length=self.max_length)
+        ids, text, truncated = encode_prompt(record, self.tokenizer, style=self.style, max_length=self.max_length)
         if truncated and not self._warned:
             self._warned = True
             warnings.warn(
@@ -210,7 +209,9 @@ class PromptDataModule(L.LightningDataModule):
         rank, world_size: override the trainer's values (for tests and tools that run without a Trainer).
     """
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, *, rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+    def __init__(
+        self, cfg: DataConfig, tokenizer: Any, *, rank: Optional[int] = None, world_size: Optional[int] = None
+    ) -> None:
         super().__init__()
         if isinstance(cfg, Mapping):
             cfg = DataConfig(**cfg)
@@ -247,10 +248,21 @@ class PromptDataModule(L.LightningDataModule):
         return self.cfg.global_batch_size(self.world_size)
 
     # -- loading ---------------------------------------------------------------------------------
-    def setup(self, stage: Optional[str] = None) -> None:
+    def load_records(self) -> None:
+        """Read and validate every record (files, verifiers) without a tokenizer: cheap, and done first so
+        bad input fails before any model is prepared."""
         if self.train_records is None:
             self.train_records, self.val_records = self._load()
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._encoder = _Encoder(tokenizer, self.cfg.prompt_style, self.cfg.max_prompt_length)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_records is None or not getattr(self, "_records_checked", False):
+            self.load_records()
             self._check_records()
+            self._records_checked = True
         if len(self.train_records) < self.global_batch_size:
             raise ValueError(
                 f"{len(self.train_records)} training records cannot fill one global batch of {self.global_batch_size} "
@@ -270,7 +282,8 @@ class PromptDataModule(L.LightningDataModule):
             user_verifiers=cfg.allowed_user_verifiers(),
             columns=cfg.columns,
         )
-        train = self._merge([load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files], cfg.train_files)
+        train = self._merge([load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files],
+                            cfg.train_files)
         if cfg.val_files:
             val = self._merge([load_records(p, split=cfg.val_split, **kwargs) for p in cfg.val_files], cfg.val_files)
             return train, val
@@ -291,7 +304,9 @@ class PromptDataModule(L.LightningDataModule):
         for records, source in zip(parts, sources):
             for r in records:
                 if r.id in seen and seen[r.id] != source:
-                    raise ValueError(f"record id {r.id!r} appears in both {seen[r.id]} and {source}; ids must be unique")
+                    raise ValueError(
+                        f"record id {r.id!r} appears in both {seen[r.id]} and {source}; ids must be unique"
+                    )
                 seen[r.id] = source
                 merged.append(r)
         return merged
@@ -330,13 +345,28 @@ class PromptDataModule(L.LightningDataModule):
         if not self.val_records:
             return []
         batches = ValPromptBatches(
-            self.val_records, self._encoder, batch_size=self.cfg.val_batch_size, rank=self.rank, world_size=self.world_size
+            self.val_records,
+            self._encoder,
+            batch_size=self.cfg.val_batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
         )
         return DataLoader(batches, batch_size=None, collate_fn=_as_is, num_workers=self.cfg.num_workers)
 
     def _require_setup(self) -> None:
         if self.train_records is None:
             raise RuntimeError("PromptDataModule.setup() must run before asking for a dataloader")
+
+    def more_prompts(self, count: int, *, step: int, attempt: int) -> list[dict]:
+        """Extra prompts for dynamic sampling's further generation batches.
+
+        Drawn by a seed of (data seed, step, rank, attempt) rather than from a stream position, so they need
+        no state of their own and a resumed run draws exactly the same ones.
+        """
+        self._require_setup()
+        rng = random.Random(f"more/{self.cfg.seed}/{step}/{self.rank}/{attempt}")
+        picks = rng.sample(range(len(self.train_records)), min(count, len(self.train_records)))
+        return [self._encoder(self.train_records[i]) for i in picks]
 
     # -- position --------------------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -362,7 +392,8 @@ class PromptDataModule(L.LightningDataModule):
             new = consumed * old_global // self.global_batch_size
             warnings.warn(
                 f"resuming with a global batch of {self.global_batch_size} prompts instead of {old_global}: "
-                f"continuing at batch {new} (~{consumed * old_global} prompts seen); the order will not match the first run",
+                f"continuing at batch {new} (~{consumed * old_global} prompts seen); "
+                "the order will not match the first run",
                 stacklevel=2,
             )
             consumed = new

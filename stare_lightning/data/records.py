@@ -7,8 +7,9 @@ A record is one prompt with its reference answer and the name of the verifier th
 ``messages`` (a chat: ``[{"role": "user", "content": ...}, ...]``) may replace ``prompt``; a ``prompt``
 that is a list of messages is read as ``messages``. ``id`` defaults to ``<file name>:<line or row>``,
 ``verifier`` to ``default_verifier``, and keys outside the schema are kept in ``metadata`` (an explicit
-``metadata`` object wins on a clash). ``columns`` renames source fields, dotted paths reach into
-nested objects: ``{"prompt": "question", "answer": "reward_model.ground_truth"}``.
+``metadata`` object wins on a clash); of each chat message only ``role`` and ``content`` are kept.
+``columns`` renames source fields, dotted paths reach into nested objects:
+``{"prompt": "question", "answer": "reward_model.ground_truth"}``.
 
 Everything is checked while loading, before any training: malformed JSON (file and line), a missing
 or empty prompt or answer (file, line/row and key), an unknown verifier (with the list of known ones),
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
-from ..rewards.registry import check_record, get_verifier, is_user_verifier_name, known_verifiers, unknown_verifier_message
+from ..rewards.registry import check_record, get_verifier, is_user_verifier_name, known_verifiers
 
 SCHEMA_KEYS = ("id", "prompt", "messages", "answer", "verifier", "metadata")
 FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -148,7 +149,9 @@ def _build_record(
             used.add(src.split(".", 1)[0])
             values[key] = value
         elif key in columns:
-            raise fail(f"column {src!r} (mapped to {key!r} by data.columns) is missing; the record has keys {sorted(row)}")
+            raise fail(
+                f"column {src!r} (mapped to {key!r} by data.columns) is missing; the record has keys {sorted(row)}"
+            )
 
     prompt, messages = values.get("prompt"), values.get("messages")
     if isinstance(prompt, (list, tuple)) and messages is None:
@@ -160,7 +163,6 @@ def _build_record(
     if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
         raise fail(f"key 'prompt' must be a non-empty string, got {prompt!r:.80}")
     if messages is not None:
-        messages = [dict(m) if isinstance(m, Mapping) else m for m in messages] if isinstance(messages, (list, tuple)) else messages
         problem = _messages_problem(messages)
         if problem:
             raise fail(f"key 'messages': {problem}")
@@ -224,7 +226,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 try:
                     yield f"line {lineno}", json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {lineno}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+                    problem = f"malformed JSON ({exc.msg} at column {exc.colno})"
+                    raise DataError(f"{path}, line {lineno}: {problem}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}, line {lineno + 1}: not valid UTF-8 ({exc.reason})") from None
 
@@ -294,8 +297,9 @@ def _datasets_rows(source: str, split: Optional[str], *, local: bool) -> Iterato
             why = "HF_HUB_OFFLINE is set" if offline else "no network, an unknown id, or a gated data set"
             raise DataError(
                 f"{source!r} is not a local file or directory, and loading it as a Hugging Face hub data set failed "
-                f"({why}: {type(exc).__name__}: {str(exc)[:200]}). Hub data sets need a network: on a machine with "
-                "one, run `datasets.load_dataset(...).save_to_disk(DIR)` and pass DIR, or export a .jsonl/.parquet file."
+                f"({why}: {type(exc).__name__}: {str(exc)[:200]}). Hub data sets need a network: on a machine "
+                "with one, run `datasets.load_dataset(...).save_to_disk(DIR)` and pass DIR, or export a "
+                ".jsonl/.parquet file."
             ) from None
     ds = _pick_split(ds, source, split)
     for i, row in enumerate(ds):

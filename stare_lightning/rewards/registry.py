@@ -60,7 +60,9 @@ def _import_user(name: str) -> Verifier:
     try:
         obj = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever the module raises while importing
-        raise ValueError(f"verifier {name!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(
+            f"verifier {name!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
+        ) from exc
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"verifier {name!r}: {module_name!r} has no attribute {attr_path!r}")

@@ -36,7 +36,9 @@ class ArithmeticParams:
             value = getattr(self, f.name)
             if f.name == "ops":
                 if not isinstance(value, str) or not value or set(value) - set("+-*") or len(set(value)) != len(value):
-                    raise ValueError(f"data.task_kwargs.ops must be a string of distinct characters from '+-*', got {value!r}")
+                    raise ValueError(
+                        f"data.task_kwargs.ops must be a string of distinct characters from '+-*', got {value!r}"
+                    )
             elif type(value) is not int:
                 raise ValueError(f"data.task_kwargs.{f.name} must be an int, got {value!r}")
         if not 2 <= self.num_operands <= 8:
@@ -63,7 +65,9 @@ def instruct_message(expression: str) -> str:
     return f"What is the value of {expression}? Put your final answer within \\boxed{{}}."
 
 
-def make_records(split: str, size: int, *, style: str, seed: int, val_size: int, params: ArithmeticParams) -> list[PromptRecord]:
+def make_records(
+    split: str, size: int, *, style: str, seed: int, val_size: int, params: ArithmeticParams
+) -> list[PromptRecord]:
     """``size`` records of ``split`` ("train" or "val"); train never contains a val expression."""
     val_rng = random.Random(f"arithmetic/val/{seed}")
     val_exprs: list[str] = []
@@ -90,7 +94,9 @@ def make_records(split: str, size: int, *, style: str, seed: int, val_size: int,
         if expr in seen:
             misses += 1
             if misses > 1000 + 100 * size:
-                raise ValueError("arithmetic: every expression of these settings is in the validation split; lower data.val_size")
+                raise ValueError(
+                    "arithmetic: every expression of these settings is in the validation split; lower data.val_size"
+                )
             continue
         records.append(_record("train", len(records), expr, style))
     return records
@@ -103,4 +109,5 @@ def _record(split: str, index: int, expression: str, style: str) -> PromptRecord
     rid = f"arithmetic-{split}-{index}"
     if style == "plain":
         return PromptRecord(rid, plain_prompt(expression), None, answer, VERIFIER, metadata)
-    return PromptRecord(rid, None, [{"role": "user", "content": instruct_message(expression)}], answer, VERIFIER, metadata)
+    messages = [{"role": "user", "content": instruct_message(expression)}]
+    return PromptRecord(rid, None, messages, answer, VERIFIER, metadata)

@@ -54,13 +54,17 @@ class CountdownParams:
             value = getattr(self, f.name)
             if f.name == "ops":
                 if not isinstance(value, str) or not value or set(value) - set("+-*/") or len(set(value)) != len(value):
-                    raise ValueError(f"data.task_kwargs.ops must be a string of distinct characters from '+-*/', got {value!r}")
+                    raise ValueError(
+                        f"data.task_kwargs.ops must be a string of distinct characters from '+-*/', got {value!r}"
+                    )
             elif f.name == "max_target" and value is None:
                 continue
             elif type(value) is not int:
                 raise ValueError(f"data.task_kwargs.{f.name} must be an int, got {value!r}")
         if not 2 <= self.num_numbers <= 5:
-            raise ValueError(f"data.task_kwargs.num_numbers must be in 2..5 (solutions are enumerated), got {self.num_numbers}")
+            raise ValueError(
+                f"data.task_kwargs.num_numbers must be in 2..5 (solutions are enumerated), got {self.num_numbers}"
+            )
         if not 0 <= self.min_number <= self.max_number:
             raise ValueError(
                 f"data.task_kwargs needs 0 <= min_number <= max_number, got {self.min_number}..{self.max_number}"
@@ -212,7 +216,9 @@ def instruct_message(numbers: list, target: int, ops: str) -> str:
     )
 
 
-def make_records(split: str, size: int, *, style: str, seed: int, val_size: int, params: CountdownParams) -> list[PromptRecord]:
+def make_records(
+    split: str, size: int, *, style: str, seed: int, val_size: int, params: CountdownParams
+) -> list[PromptRecord]:
     """``size`` records of ``split`` ("train" or "val"); train never contains a val problem."""
     val_rng = random.Random(f"countdown/val/{seed}")
     val_keys: set = set()
@@ -243,7 +249,9 @@ def make_records(split: str, size: int, *, style: str, seed: int, val_size: int,
         if (tuple(sorted(shown)), target) in val_keys:
             misses += 1
             if misses > 1000 + 100 * size:
-                raise ValueError("countdown: every problem of these settings is in the validation split; lower data.val_size")
+                raise ValueError(
+                    "countdown: every problem of these settings is in the validation split; lower data.val_size"
+                )
             continue
         records.append(_record("train", len(records), shown, target, solution, n_sol, n_forms, style, params))
     return records
@@ -260,7 +268,8 @@ def _record(split, index, shown, target, solution, n_sol, n_forms, style, params
         "num_solutions": n_sol,
         "num_forms": n_forms,
     }
+    rid = f"countdown-{split}-{index}"
     if style == "plain":
-        return PromptRecord(f"countdown-{split}-{index}", plain_prompt(shown, target), None, str(target), VERIFIER, metadata)
+        return PromptRecord(rid, plain_prompt(shown, target), None, str(target), VERIFIER, metadata)
     messages = [{"role": "user", "content": instruct_message(shown, target, params.ops)}]
-    return PromptRecord(f"countdown-{split}-{index}", None, messages, str(target), VERIFIER, metadata)
+    return PromptRecord(rid, None, messages, str(target), VERIFIER, metadata)

@@ -1,0 +1,33 @@
+"""Checkpoint writes that fail clearly and never damage the checkpoint already on disk.
+
+Lightning's ``TorchCheckpointIO`` already writes local files through a temporary file that is moved into
+place only when complete, so a write that dies half-way (disk full, quota, file-size limit) leaves the
+previous ``last.ckpt`` intact. What it lacks is a message a user can act on: this subclass turns the bare
+``OSError`` into one that names the file, the cause, and what was kept.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class CheckpointWriteError(OSError):
+    pass
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        try:
+            super().save_checkpoint(checkpoint, path, storage_options)
+        except OSError as error:
+            cause = os.strerror(error.errno) if error.errno else str(error)
+            kept = f"the previous file at {path} is unchanged" if os.path.exists(path) else "no earlier file existed"
+            hint = " Free disk space or point callbacks.model_checkpoint.dirpath elsewhere." if error.errno in (
+                errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+            raise CheckpointWriteError(
+                error.errno, f"could not write checkpoint {path}: {cause}; {kept}.{hint}"
+            ) from error

@@ -1,0 +1,51 @@
+"""A checkpoint write that runs out of space fails clearly and leaves the previous checkpoint intact."""
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+SCRIPT = textwrap.dedent(
+    """
+    import resource, signal, sys, torch
+    from stare_lightning.checkpoint_io import CheckpointWriteError, SafeCheckpointIO
+
+    path = sys.argv[1]
+    io = SafeCheckpointIO()
+    io.save_checkpoint({"step": 1, "weights": torch.zeros(10)}, path)
+    # From here on no file of this process may grow past 64 KiB: a real write failure, like a full disk.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    try:
+        io.save_checkpoint({"step": 2, "weights": torch.zeros(1_000_000)}, path)
+    except CheckpointWriteError as error:
+        print("ERROR:", error)
+        sys.exit(3)
+    sys.exit(0)
+    """
+)
+
+
+def test_failed_write_is_reported_and_keeps_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert str(path) in proc.stdout and "previous file" in proc.stdout and "unchanged" in proc.stdout
+    kept = torch.load(path, weights_only=False)
+    assert kept["step"] == 1 and kept["weights"].numel() == 10
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "a partial temporary file was left behind"
+
+
+def test_trainer_uses_the_safe_checkpoint_io(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from stare_lightning.__main__ import config_dir
+    from stare_lightning.checkpoint_io import SafeCheckpointIO
+    from stare_lightning.cli import prepare_config
+    from stare_lightning.train import build_trainer
+
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=[f"output_dir={tmp_path}", "callbacks=minimal", "logger=[csv]"])
+    trainer = build_trainer(prepare_config(cfg)[1])
+    assert isinstance(trainer.strategy.checkpoint_io, SafeCheckpointIO)

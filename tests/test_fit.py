@@ -1,0 +1,177 @@
+"""End-to-end runs of the training system on the built-in tiny model (real Trainer, real rollouts)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from stare_lightning.__main__ import config_dir
+from stare_lightning.cli import prepare_config
+
+pytestmark = pytest.mark.slow
+
+# Short runs that still learn: a cold start long enough that some groups have mixed rewards.
+FAST = ["debug=fast", "rollout=hf", "model.cold_start.steps=150", "data.prompts_per_step=8", "rollout.n=6"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    path = os.environ.get("STARE_LIGHTNING_TEST_CACHE") or str(tmp_path_factory.mktemp("model_cache"))
+    os.environ["STARE_LIGHTNING_CACHE"] = path
+    return path
+
+
+def compose_run(output_dir, overrides=()):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=[f"output_dir={output_dir}", *FAST, *overrides])
+    return prepare_config(cfg)[1]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]
+
+
+def train_rows(rows):
+    return {int(r["step"]): r for r in rows if "train/entropy" in r}
+
+
+def run_cli(args, env_cache, timeout=600, **kwargs):
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": env_cache, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "stare_lightning", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+DESIGN_NAMES = [
+    "reward/mean", "reward/std", "frac_zero_std_groups", "entropy", "response_length/mean", "response_length/max",
+    "clip_ratio/low", "clip_ratio/high", "kl", "grad_norm", "stare/gate_on", "stare/w", "stare/m",
+    "stare/selected_frac/pos", "stare/selected_frac/neg", "entropy/predicted_delta", "entropy/realized_delta",
+    "reflection/per_response", "rollout/logprob_abs_diff/mean", "rollout/logprob_abs_diff/max",
+    "rollout/tokens_per_s", "distinct_correct",
+] + [
+    f"quadrant/{kind}/{q}/{field}"
+    for kind in ("proxy", "exact")
+    for q in ("pos_high", "pos_low", "neg_high", "neg_low")
+    for field in ("tokens", "weight", "dH")
+]
+
+
+def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, model_cache):
+    from stare_lightning import train
+
+    cfg = compose_run(tmp_path, ["trainer.max_steps=3", "algorithm.stare.target_entropy=10.0"])
+    module, datamodule = train._setup(cfg)
+    trainer = train.build_trainer(cfg)
+    module.configure_model()
+    before = {name: p.detach().clone() for name, p in module.policy.named_parameters() if p.requires_grad}
+    trainer.fit(module, datamodule=datamodule)
+    after = dict(module.policy.named_parameters())
+    unchanged = [name for name, value in before.items() if torch.equal(value, after[name].detach())]
+    assert not unchanged, f"parameters that did not move: {unchanged}"
+
+    rows = read_metrics(tmp_path)
+    logged = set().union(*rows)
+    missing = [name for name in DESIGN_NAMES if f"train/{name}" not in logged]
+    assert not missing, f"metric names missing from the CSV log: {missing}"
+    for name in ("avg@n", "pass@1", "distinct_correct", "reflection/per_response"):
+        assert f"val/{name}" in logged
+    steps = train_rows(rows)
+    assert sorted(steps) == [0, 1, 2]
+    assert all(steps[s]["train/stare/gate_on"] == 1.0 for s in steps)  # target 10 nats: the gate is always on
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_killed_run_resumes_exactly(tmp_path, model_cache):
+    common = FAST + ["trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2",
+                     "trainer.val_check_interval=100", "validation.before_fit=false"]
+    straight = tmp_path / "straight"
+    proc = run_cli(["fit", f"output_dir={straight}", *common], model_cache)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+
+    killed = tmp_path / "killed"
+    proc = run_cli(["fit", f"output_dir={killed}", *common], model_cache, start_new_session=True)
+    checkpoint = killed / "checkpoints" / "epoch=0-step=2.ckpt"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.is_file():
+            try:
+                torch.load(checkpoint, map_location="cpu", weights_only=False)
+                break
+            except Exception:  # still being written
+                pass
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    resumed = run_cli(["fit", f"output_dir={killed}", f"ckpt_path={checkpoint}", *common], model_cache)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    expected, got = train_rows(read_metrics(straight)), train_rows(read_metrics(killed))
+    for step in (2, 3):
+        keys = [k for k in expected[step] if k.startswith("train/") and "tokens_per_s" not in k]
+        for key in keys:
+            a, b = expected[step][key], got[step][key]
+            assert (math.isnan(a) and math.isnan(b)) or a == b, f"step {step} {key}: {a} != {b}"
+
+
+def test_two_process_ddp_fit(tmp_path, model_cache):
+    proc = run_cli(["fit", f"output_dir={tmp_path}", *FAST, "trainer=ddp", "trainer.accelerator=cpu",
+                    "trainer.devices=2", "trainer.max_steps=2", "validation.before_fit=false"], model_cache)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    steps = train_rows(read_metrics(tmp_path))
+    assert sorted(steps) == [0, 1]
+    assert all(math.isfinite(r["train/entropy"]) for r in steps.values())
+
+
+def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cache):
+    from stare_lightning import train
+    from stare_lightning.module import STAREModule
+
+    class PoisonedOnce(STAREModule):
+        poisoned = False
+
+        def _micro_batch_loss(self, part, normalizer):
+            loss, stats = super()._micro_batch_loss(part, normalizer)
+            if not PoisonedOnce.poisoned:
+                PoisonedOnce.poisoned = True
+                loss = loss * float("nan")
+            return loss, stats
+
+    cfg = compose_run(tmp_path, ["trainer.max_steps=2", "validation.before_fit=false", "trainer.val_check_interval=100"])
+    module, datamodule = train._setup(cfg)
+    module.__class__ = PoisonedOnce
+    trainer = train.build_trainer(cfg)
+    module.configure_model()
+    before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        trainer.fit(module, datamodule=datamodule)
+    assert module.nonfinite_skipped == 1
+    assert trainer.global_step == 2  # two real optimizer steps after the skipped one
+    assert all(torch.isfinite(p).all() for p in module.policy.parameters())
+    assert any(not torch.equal(before[n], p.detach()) for n, p in module.policy.named_parameters())
+
+
+def test_malformed_data_fails_before_any_model_is_prepared(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2", "verifier": "numeric"}\n{"prompt": "2+2=", "answer": \n')
+    cache = tmp_path / "empty_cache"
+    proc = run_cli(["fit", f"output_dir={tmp_path / 'run'}", "data=files", f"data.train_files=[{bad}]",
+                    "data.val_size=0"], str(cache))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert str(bad) in out and "line 2" in out
+    assert not cache.exists() or not any(cache.iterdir()), "a model was prepared before the data was checked"
