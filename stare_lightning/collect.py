@@ -89,9 +89,14 @@ def collect_experience(
     *,
     pad_token_id: int,
     more_prompts: Callable[[int, int], list[dict]] | None = None,
+    all_ranks_agree: Callable[[bool], bool] | None = None,
     seed: int = 0,
 ) -> tuple[Experience, CollectionStats]:
-    """Generate, score and (with dynamic sampling) filter until ``len(items)`` groups carry signal."""
+    """Generate, score and (with dynamic sampling) filter until ``len(items)`` groups carry signal.
+
+    ``all_ranks_agree(stop)`` is true only when every rank wants to stop: ranks keep generating in
+    lockstep (a done rank's extra groups are discarded), since sharded generation is collective.
+    """
     target_groups = len(items)
     stats = CollectionStats()
     kept: list[ScoredGroups] = []
@@ -120,7 +125,10 @@ def collect_experience(
             kept_group_ids.append(keep_ids)
         have += int(keep_ids.numel())
         done = have >= target_groups or not cfg.dynamic_sampling
-        if done or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
+        stop = done or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None
+        if all_ranks_agree is not None:
+            stop = all_ranks_agree(stop)
+        if stop:
             break
         batch_items = more_prompts(target_groups, stats.generation_batches)
     if not kept:  # nothing carried signal: keep the last batch so this rank still takes part in the update

@@ -9,6 +9,7 @@ whose losses are normalised by counts taken over the whole optimizer step on eve
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import asdict
 
@@ -67,6 +68,13 @@ class STAREModule(LightningModule):
         self._last_entropy: float | None = None
 
     # ----------------------------------------------------------------------------------------- models
+    def setup(self, stage: str) -> None:
+        if self.device.type == "cpu" and self.trainer.world_size > 1:
+            # Several CPU ranks on one machine: split the cores, or OpenMP's spinning threads of each rank
+            # fight the others' and every step slows down many times over.
+            per_rank = max(1, (os.cpu_count() or 1) // max(self.trainer.num_devices, 1))
+            torch.set_num_threads(per_rank)
+
     def configure_model(self) -> None:
         if self.policy is not None:  # validate-then-fit calls this twice
             return
@@ -90,12 +98,15 @@ class STAREModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _rollout_engine(self):
-        if self.engine is None:
-            self.engine = build_engine(self.cfg.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.cfg.seed)
-            self._engine_stale = self.engine_holds_copy()
-        if self._engine_stale:
-            self.engine.sync_weights(self.policy)
-            self._engine_stale = False
+        # Validation runs under inference mode; an engine built or synced there would hold inference tensors
+        # that a later sync during training may not update in place.
+        with torch.inference_mode(False):
+            if self.engine is None:
+                self.engine = build_engine(self.cfg.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.cfg.seed)
+                self._engine_stale = self.engine_holds_copy()
+            if self._engine_stale:
+                self.engine.sync_weights(self.policy)
+                self._engine_stale = False
         return self.engine
 
     def engine_holds_copy(self) -> bool:
@@ -130,6 +141,7 @@ class STAREModule(LightningModule):
         experience, collection = collect_experience(
             batch, self._rollout_engine(), self.verifiers, params, alg,
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
+            all_ranks_agree=lambda stop: bool(self._all_reduce(torch.tensor(float(stop)), dist.ReduceOp.MIN) > 0),
         )
         experience = experience.to(self.device)
         lr = self.lr_schedulers().get_last_lr()[0]
@@ -256,10 +268,10 @@ class STAREModule(LightningModule):
         weights = part.token_weights
         if alg.stare.enabled and alg.stare.scope == "micro_batch":
             source = stats.logprobs.detach() if alg.stare.surprisal_source == "current" else part.old_logprobs
-            controller = self.controller
+            step = self.controller.last_params  # this step's values (w, m may already hold the next step's)
             weights, _ = stare_weights_for_scope(
                 source, part.advantages, part.response_mask, scope="micro_batch", variant=alg.stare.variant,
-                top_ratio=alg.stare.top_ratio, w=controller.w, m=controller.m, gate_on=controller.gate_on,
+                top_ratio=alg.stare.top_ratio, w=step.w, m=step.m, gate_on=step.gate_on,
                 selector=alg.stare.selector, sensitivity=part.phi,
             )
         ref_logprobs = None

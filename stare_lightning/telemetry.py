@@ -76,7 +76,8 @@ class TrainTelemetry(nn.Module):
 
         # Sums over this rank's step, reduced once across ranks.
         stats = stare["stats"]
-        rewards = experience.rewards.double()
+        # Rewards of every generated response, before dynamic sampling dropped any group.
+        rewards = torch.cat([r.flatten() for r in collection.generated_rewards]).double().to(mask.device)
         sums = torch.tensor(
             [
                 rewards.sum(), (rewards**2).sum(), rewards.numel(),

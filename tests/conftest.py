@@ -5,3 +5,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    """One model cache for the whole session, so the tiny model's cold start runs once per settings."""
+    path = os.environ.get("STARE_LIGHTNING_TEST_CACHE") or str(tmp_path_factory.mktemp("model_cache"))
+    os.environ["STARE_LIGHTNING_CACHE"] = path
+    return path

@@ -25,13 +25,6 @@ FAST = ["debug=fast", "rollout=hf", "model.cold_start.steps=150", "data.prompts_
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory):
-    path = os.environ.get("STARE_LIGHTNING_TEST_CACHE") or str(tmp_path_factory.mktemp("model_cache"))
-    os.environ["STARE_LIGHTNING_CACHE"] = path
-    return path
-
-
 def compose_run(output_dir, overrides=()):
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("config", overrides=[f"output_dir={output_dir}", *FAST, *overrides])

@@ -31,7 +31,7 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
 class ColdStartConfig:
     """Supervised warm-up of the built-in tiny model on the built-in task (cached by its settings)."""
 
-    steps: int = 1500
+    steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
     seed: int = 0

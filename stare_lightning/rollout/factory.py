@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from stare_lightning.config.schema import RolloutConfig
 
 
 def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+    from stare_lightning.rollout.vllm import vllm_import_error
+
+    return vllm_import_error() is None
 
 
 def resolve_backend(backend: str) -> str:
