@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from dataclasses import asdict
 
@@ -132,6 +133,7 @@ class STAREModule(LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
+        started = time.perf_counter()
         cfg, alg = self.cfg, self.cfg.algorithm
         rollout = cfg.rollout
         params = SamplingParams(
@@ -166,6 +168,8 @@ class STAREModule(LightningModule):
             optimizer=optimizer_stats, lr=lr,
         )
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        metrics["train/time/step_s"] = time.perf_counter() - started
+        metrics["train/memory/peak_gib"] = _peak_memory_gib(self.device)
         self.last_rollout_samples = _samples_for_dump(experience, collection)
         self._last_entropy = entropy
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
@@ -335,6 +339,15 @@ class STAREModule(LightningModule):
 
     def on_fit_end(self) -> None:
         self.verifiers.close()
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory of this process, or its peak resident memory on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def _store_rollout_stats(experience: Experience, parts: list) -> None:

@@ -48,7 +48,10 @@ def build_trainer(cfg: RunConfig, **overrides) -> lightning.Trainer:
     trainer_cfg = dict(cfg.trainer)
     trainer_cfg.update(overrides)
     plugins = []
-    if "ModelParallelStrategy" not in str(trainer_cfg.get("strategy", "")):  # that one writes distributed checkpoints
+    strategy = trainer_cfg.get("strategy")
+    target = strategy.get("_target_", "") if isinstance(strategy, dict) else str(strategy or "")
+    if not target.endswith(("ModelParallelStrategy", "FSDP2Strategy", "FSDPStrategy")):
+        # Sharded strategies write distributed checkpoints (a directory per checkpoint) through their own IO.
         plugins.append(SafeCheckpointIO())
     return safe_instantiate(
         trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=plugins or None,

@@ -49,3 +49,20 @@ def test_trainer_uses_the_safe_checkpoint_io(tmp_path):
         cfg = compose("config", overrides=[f"output_dir={tmp_path}", "callbacks=minimal", "logger=[csv]"])
     trainer = build_trainer(prepare_config(cfg)[1])
     assert isinstance(trainer.strategy.checkpoint_io, SafeCheckpointIO)
+
+
+def test_csv_logger_appends_to_an_earlier_runs_metrics(tmp_path):
+    from stare_lightning.loggers import ResumableCSVLogger
+
+    first = ResumableCSVLogger(tmp_path, name="logs", version="")
+    first.log_metrics({"train/entropy": 0.5}, step=0)
+    first.log_metrics({"train/entropy": 0.4}, step=1)
+    first.finalize("success")
+    resumed = ResumableCSVLogger(tmp_path, name="logs", version="")  # the same directory, as after a resume
+    resumed.log_metrics({"train/entropy": 0.3, "train/new_metric": 1.0}, step=2)
+    resumed.finalize("success")
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "logs" / "metrics.csv")))
+    assert [r["step"] for r in rows] == ["0", "1", "2"]
+    assert [r["train/entropy"] for r in rows] == ["0.5", "0.4", "0.3"] and rows[2]["train/new_metric"] == "1.0"

@@ -68,7 +68,7 @@ def test_callbacks_and_loggers_instantiate(tmp_path, callbacks):
     made = instantiate_collection(run.callbacks, where="callbacks")
     assert len(made) == len([v for v in run.callbacks.values() if v is not None])
     loggers = instantiate_collection(run.logger, where="logger")
-    assert {type(lg).__name__ for lg in loggers} == {"CSVLogger", "TensorBoardLogger"}
+    assert {type(lg).__name__ for lg in loggers} == {"ResumableCSVLogger", "TensorBoardLogger"}
 
 
 def test_default_is_the_offline_stare_run(tmp_path):

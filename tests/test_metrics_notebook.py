@@ -72,22 +72,19 @@ def test_load_run_merges_sparse_rows_and_names_runs(tmp_path):
     assert sorted(runs) == ["grpo/version_0", "stare-o1"]
 
 
-@pytest.mark.slow
-def test_notebook_runs_on_two_fake_runs_and_writes_pngs(tmp_path):
+def execute_notebook(run_dirs: list[Path], figures: Path):
+    """Run the notebook on ``run_dirs`` (its kernel inherits this process's environment); returns it executed."""
     import nbformat
     from nbclient import NotebookClient
 
-    run_a = write_fake_run(tmp_path / "runs" / "stare_o1", seed=0, name="stare-o1")
-    run_b = write_fake_run(tmp_path / "runs" / "grpo_ds", seed=1)
-    figures = tmp_path / "figures"
     env = {
-        "STARE_RUN_DIRS": os.pathsep.join([str(run_a), str(run_b)]),
+        "STARE_RUN_DIRS": os.pathsep.join(str(r) for r in run_dirs),
         "STARE_FIGURE_DIR": str(figures),
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "MPLBACKEND": "Agg",
     }
     old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
+    os.environ.update(env)
     try:
         nb = nbformat.read(NOTEBOOK, as_version=4)
         client = NotebookClient(
@@ -100,6 +97,15 @@ def test_notebook_runs_on_two_fake_runs_and_writes_pngs(tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    return nb
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_two_fake_runs_and_writes_pngs(tmp_path):
+    run_a = write_fake_run(tmp_path / "runs" / "stare_o1", seed=0, name="stare-o1")
+    run_b = write_fake_run(tmp_path / "runs" / "grpo_ds", seed=1)
+    figures = tmp_path / "figures"
+    nb = execute_notebook([run_a, run_b], figures)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     pngs = sorted(p.name for p in figures.glob("*.png"))

@@ -68,7 +68,9 @@ class RunSummary(Callback):
             console.print(f"curves: {png}")
 
     def write_png(self, trainer: lightning.Trainer) -> Path | None:
-        csv_dirs = [Path(lg.log_dir) for lg in trainer.loggers if type(lg).__name__ == "CSVLogger"]
+        from lightning.pytorch.loggers import CSVLogger
+
+        csv_dirs = [Path(lg.log_dir) for lg in trainer.loggers if isinstance(lg, CSVLogger)]
         if not csv_dirs or not (csv_dirs[0] / "metrics.csv").is_file():
             return None
         from stare_lightning.metrics.plots import load_run, plot_runs

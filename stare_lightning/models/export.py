@@ -12,13 +12,17 @@ POLICY_PREFIX = "policy."
 
 
 def _load_checkpoint(path: Path) -> dict:
-    if path.is_dir():  # a distributed checkpoint written under ModelParallelStrategy
+    if path.is_dir():  # a distributed checkpoint: tensors in *.distcp shards, the rest in meta.pt
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
         with tempfile.TemporaryDirectory() as tmp:
             single = Path(tmp) / "checkpoint.pt"
             dcp_to_torch_save(str(path), str(single))
-            return torch.load(single, map_location="cpu", weights_only=False)
+            checkpoint = torch.load(single, map_location="cpu", weights_only=False)
+        meta = path / "meta.pt"
+        if meta.is_file():
+            checkpoint.update(torch.load(meta, map_location="cpu", weights_only=False))
+        return checkpoint
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
