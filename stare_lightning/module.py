@@ -337,8 +337,13 @@ class STAREModule(LightningModule):
         self.log_dict(self.val_telemetry.compute(), on_step=False, on_epoch=True, sync_dist=False)
         self.val_telemetry.reset()
 
-    def on_fit_end(self) -> None:
+    def teardown(self, stage: str) -> None:
+        if stage != "fit":  # `fit` validates first and keeps its engine and verifier workers for training
+            return
         self.verifiers.close()
+        if self.engine is not None:
+            self.engine.close()  # lets a sweep start the next run's engine in this process
+            self.engine, self._engine_stale = None, True
 
 
 def _peak_memory_gib(device: torch.device) -> float:
