@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if argv else 2)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-step INFO lines from weight syncs
 
     import hydra
 

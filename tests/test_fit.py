@@ -190,3 +190,25 @@ def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache)
     assert len(list((tmp_path / "figures").glob("*.png"))) == 3
     png = compare(tmp_path / "sweep")
     assert png.is_file() and png.stat().st_size > 10_000
+
+
+SMOLLM2 = ["experiment=smollm2_countdown", "callbacks=minimal", "summary=false", "data.train_size=64", "data.val_size=2",
+           "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=12", "rollout.val_n=2",
+           "validation.pass_k=[1,2]", "trainer.val_check_interval=100"]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("overrides", [pytest.param(FAST, id="tiny"), pytest.param(SMOLLM2, id="smollm2")])
+def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
+    from stare_lightning.rollout.factory import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not usable here")
+    proc = run_cli(["fit", f"output_dir={tmp_path}", *overrides, "rollout=vllm", "trainer.max_steps=2",
+                    "validation.before_fit=false"], model_cache)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    steps = train_rows(read_metrics(tmp_path))
+    assert sorted(steps) == [0, 1]
+    # The engine received the trainer's weights: its log-probs match the trainer's forward (fp32).
+    assert all(r["train/rollout/logprob_abs_diff/mean"] < 1e-3 for r in steps.values())
