@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import hydra
 
-    from stare_lightning import cli
+    from stare_lightning import cli  # registers the config schema with Hydra
 
     subcommand = argv[0]
     entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(

@@ -27,6 +27,7 @@ from stare_lightning.algorithms import (
     policy_loss,
     stare_weights_for_scope,
 )
+from stare_lightning.algorithms.rollout_correction import mismatch_is_weights
 from stare_lightning.collect import collect_experience
 from stare_lightning.config.schema import RunConfig
 from stare_lightning.experience import Experience, micro_batches, mini_batch_rows
@@ -278,6 +279,13 @@ class STAREModule(LightningModule):
                 top_ratio=alg.stare.top_ratio, w=step.w, m=step.m, gate_on=step.gate_on,
                 selector=alg.stare.selector, sensitivity=part.phi,
             )
+        if cfg.rollout.mismatch_correction != "none":
+            # Truncated importance sampling of the engine/trainer mismatch (the engine sampled, the trainer learns).
+            correction = mismatch_is_weights(
+                old_logprobs, part.rollout_logprobs, part.response_mask, level=cfg.rollout.mismatch_correction,
+                mode=cfg.rollout.mismatch_mode, cap=cfg.rollout.mismatch_cap,
+            )
+            weights = correction if weights is None else weights * correction
         ref_logprobs = None
         if self.reference is not None:
             with torch.no_grad():

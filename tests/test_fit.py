@@ -121,9 +121,20 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
             a, b = expected[step][key], got[step][key]
             assert (math.isnan(a) and math.isnan(b)) or a == b, f"step {step} {key}: {a} != {b}"
 
+    # `validate` evaluates the finished checkpoint.
+    evaluated = tmp_path / "validate"
+    proc = run_cli(["validate", f"output_dir={evaluated}", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}",
+                    *common], model_cache)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    logged = set().union(*read_metrics(evaluated))
+    assert {"val/avg@n", "val/pass@1", "val/distinct_correct"} <= logged
+
 
 def test_two_process_ddp_fit(tmp_path, model_cache):
+    # Also exercises the optional importance-sampling correction of the engine/trainer mismatch.
     proc = run_cli(["fit", f"output_dir={tmp_path}", *FAST, "trainer=ddp", "trainer.accelerator=cpu",
+                    "rollout.mismatch_correction=token",
                     "trainer.devices=2", "trainer.max_steps=2", "validation.before_fit=false"], model_cache)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]

@@ -136,7 +136,7 @@ class RunConfig:
     """The whole run. ``trainer``, ``callbacks`` and ``logger`` are ``_target_`` mappings."""
 
     seed: int = 0
-    output_dir: str = "outputs"
+    output_dir: Optional[str] = None  # filled in from Hydra's run directory by the CLI
     summary: bool = True
     allowed_targets: list[str] = field(default_factory=list)
     ckpt_path: Optional[str] = None
@@ -165,3 +165,16 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     merged = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     return OmegaConf.to_object(merged)
+
+
+SCHEMA_NAME = "stare_lightning_schema"
+
+
+def register_schema() -> None:
+    """Make ``RunConfig`` the base of ``conf/config.yaml`` (its first default), so composition knows every key."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+
+
+register_schema()
