@@ -49,7 +49,6 @@ class CollectionStats:
     kept_items: list[dict] = field(default_factory=list)
     kept_texts: list[str] = field(default_factory=list)
     kept_correct: torch.Tensor | None = None
-    kept_finish_reasons: list[str] = field(default_factory=list)
     generated_rewards: list[torch.Tensor] = field(default_factory=list)  # [groups, n] of every batch, kept or not
 
 
@@ -143,5 +142,4 @@ def collect_experience(
     stats.kept_items = [s.items[i] for s, g in zip(kept, kept_group_ids) for i in g.tolist()]
     stats.kept_texts = rollouts.texts
     stats.kept_correct = correct
-    stats.kept_finish_reasons = rollouts.finish_reasons
     return experience, stats

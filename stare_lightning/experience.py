@@ -9,7 +9,7 @@ has to trim the columns its own rows never use.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -36,7 +36,6 @@ class Experience:
     phi: Tensor | None = None  # entropy sensitivity of each sampled token
     selected: Tensor | None = None  # STARE's selected set L+ u L- (computed even while its gate is off)
     token_weights: Tensor | None = None  # STARE's omega (or ones)
-    extra: dict = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:

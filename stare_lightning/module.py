@@ -67,7 +67,6 @@ class STAREModule(LightningModule):
         self.train_telemetry = TrainTelemetry(cfg)
         self.val_telemetry = ValidationTelemetry(cfg)
         self.nonfinite_skipped = 0
-        self._last_entropy: float | None = None
 
     # ----------------------------------------------------------------------------------------- models
     def setup(self, stage: str) -> None:
@@ -122,14 +121,12 @@ class STAREModule(LightningModule):
         if self.entropy_coefficient is not None and "entropy_coefficient" in state:
             self.entropy_coefficient.load_state_dict(state["entropy_coefficient"])
         self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
-        self._last_entropy = state.get("last_entropy")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["stare_lightning"] = {
             "controller": self.controller.state_dict() if self.controller is not None else None,
             "entropy_coefficient": self.entropy_coefficient.state_dict() if self.entropy_coefficient else None,
             "nonfinite_skipped": self.nonfinite_skipped,
-            "last_entropy": self._last_entropy,
         }
 
     # -------------------------------------------------------------------------------------- training
@@ -172,7 +169,6 @@ class STAREModule(LightningModule):
         metrics["train/time/step_s"] = time.perf_counter() - started
         metrics["train/memory/peak_gib"] = _peak_memory_gib(self.device)
         self.last_rollout_samples = _samples_for_dump(experience, collection)
-        self._last_entropy = entropy
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
     def _more_prompts(self, count: int, attempt: int) -> list[dict]:
