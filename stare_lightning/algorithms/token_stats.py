@@ -184,44 +184,56 @@ def _chunk_grad(
     return grad
 
 
+def _forward_chunks(load, n: int, width: int, flat_t: Tensor, md: torch.dtype, dev: torch.device, chunk_size: int,
+                    with_entropy: bool, with_sens: bool):
+    """The forward pass shared by both autograd functions: ``load(workspace, start, end)`` returns a chunk's
+    tempered logits in the workspace; per-row results are gathered into full-length vectors."""
+    lse = torch.empty(n, dtype=md, device=dev)
+    lp = torch.empty(n, dtype=md, device=dev)
+    ent = torch.empty(n if with_entropy else 0, dtype=md, device=dev)
+    s2 = torch.empty(n if with_sens else 0, dtype=md, device=dev)
+    s2l = torch.empty(n if with_sens else 0, dtype=md, device=dev)
+    ws = _Workspace(min(chunk_size, n), width, md, dev) if n else None
+    with torch.no_grad():
+        for start in range(0, n, chunk_size):
+            end = min(n, start + chunk_size)
+            z = load(ws, start, end)
+            c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(
+                z, ws.p[: end - start], flat_t[start:end], with_entropy, with_sens
+            )
+            lse[start:end] = c_lse
+            lp[start:end] = c_lp
+            if with_entropy:
+                ent[start:end] = c_ent
+            if with_sens:
+                s2[start:end] = c_s2
+                s2l[start:end] = c_s2l
+    return lse, lp, ent, s2, s2l
+
+
+def _finish_forward(ctx, temperature: float, chunk_size: int, with_entropy: bool, lp, ent, s2, s2l):
+    ctx.temperature = temperature
+    ctx.chunk_size = chunk_size
+    ctx.with_entropy = with_entropy
+    ctx.mark_non_differentiable(s2, s2l)
+    if not with_entropy:
+        ctx.mark_non_differentiable(ent)
+    ctx.set_materialize_grads(False)
+    return lp, ent, s2, s2l
+
+
 class _ChunkedLogitStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_size: int,
                 with_entropy: bool, with_sens: bool):
         src = _RowSource(logits)
-        n = src.rows
-        flat_t = targets.reshape(n).long()
-        dev = logits.device
-        md = _math_dtype(logits.dtype)
-        lse = torch.empty(n, dtype=md, device=dev)
-        lp = torch.empty(n, dtype=md, device=dev)
-        ent = torch.empty(n if with_entropy else 0, dtype=md, device=dev)
-        s2 = torch.empty(n if with_sens else 0, dtype=md, device=dev)
-        s2l = torch.empty(n if with_sens else 0, dtype=md, device=dev)
-        ws = _Workspace(min(chunk_size, n), src.width, md, dev) if n else None
-        with torch.no_grad():
-            for start in range(0, n, chunk_size):
-                end = min(n, start + chunk_size)
-                z = ws.load(src.get(start, end), temperature)
-                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(
-                    z, ws.p[: end - start], flat_t[start:end], with_entropy, with_sens
-                )
-                lse[start:end] = c_lse
-                lp[start:end] = c_lp
-                if with_entropy:
-                    ent[start:end] = c_ent
-                if with_sens:
-                    s2[start:end] = c_s2
-                    s2l[start:end] = c_s2l
+        flat_t = targets.reshape(src.rows).long()
+        lse, lp, ent, s2, s2l = _forward_chunks(
+            lambda ws, start, end: ws.load(src.get(start, end), temperature),
+            src.rows, src.width, flat_t, _math_dtype(logits.dtype), logits.device, chunk_size, with_entropy, with_sens,
+        )
         ctx.save_for_backward(logits, flat_t, lse, ent)
-        ctx.temperature = temperature
-        ctx.chunk_size = chunk_size
-        ctx.with_entropy = with_entropy
-        ctx.mark_non_differentiable(s2, s2l)
-        if not with_entropy:
-            ctx.mark_non_differentiable(ent)
-        ctx.set_materialize_grads(False)
-        return lp, ent, s2, s2l
+        return _finish_forward(ctx, temperature, chunk_size, with_entropy, lp, ent, s2, s2l)
 
     @staticmethod
     @once_differentiable
@@ -255,39 +267,14 @@ class _ChunkedHiddenStats(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int,
                 with_entropy: bool, with_sens: bool):
         src = _RowSource(hidden)
-        n = src.rows
-        flat_t = targets.reshape(n).long()
-        dev = hidden.device
-        md = _math_dtype(hidden.dtype)
-        lse = torch.empty(n, dtype=md, device=dev)
-        lp = torch.empty(n, dtype=md, device=dev)
-        ent = torch.empty(n if with_entropy else 0, dtype=md, device=dev)
-        s2 = torch.empty(n if with_sens else 0, dtype=md, device=dev)
-        s2l = torch.empty(n if with_sens else 0, dtype=md, device=dev)
-        ws = _Workspace(min(chunk_size, n), weight.shape[0], md, dev) if n else None
-        with torch.no_grad():
-            for start in range(0, n, chunk_size):
-                end = min(n, start + chunk_size)
-                z = ws.load_matmul(src.get(start, end), weight, temperature)
-                c_lse, c_lp, c_ent, c_s2, c_s2l = _chunk_forward(
-                    z, ws.p[: end - start], flat_t[start:end], with_entropy, with_sens
-                )
-                lse[start:end] = c_lse
-                lp[start:end] = c_lp
-                if with_entropy:
-                    ent[start:end] = c_ent
-                if with_sens:
-                    s2[start:end] = c_s2
-                    s2l[start:end] = c_s2l
+        flat_t = targets.reshape(src.rows).long()
+        lse, lp, ent, s2, s2l = _forward_chunks(
+            lambda ws, start, end: ws.load_matmul(src.get(start, end), weight, temperature),
+            src.rows, weight.shape[0], flat_t, _math_dtype(hidden.dtype), hidden.device, chunk_size, with_entropy,
+            with_sens,
+        )
         ctx.save_for_backward(hidden, weight, flat_t, lse, ent)
-        ctx.temperature = temperature
-        ctx.chunk_size = chunk_size
-        ctx.with_entropy = with_entropy
-        ctx.mark_non_differentiable(s2, s2l)
-        if not with_entropy:
-            ctx.mark_non_differentiable(ent)
-        ctx.set_materialize_grads(False)
-        return lp, ent, s2, s2l
+        return _finish_forward(ctx, temperature, chunk_size, with_entropy, lp, ent, s2, s2l)
 
     @staticmethod
     @once_differentiable
