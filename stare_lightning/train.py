@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,7 +79,14 @@ def _checkpoint_path(cfg: RunConfig) -> str | None:
     return cfg.ckpt_path
 
 
+# Lightning warnings that do not apply here: checkpoints hold the post-update state on purpose (that is what a
+# resume continues from), and the policy is in eval mode at fit start because the run validates first.
+_EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "Found .* module\\(s\\) in eval mode")
+
+
 def fit(cfg: RunConfig):
+    for message in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     ckpt_path = _checkpoint_path(cfg)
