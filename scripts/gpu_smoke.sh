@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke test (a few minutes): a bf16 FSDP2 fit of SmolLM2-135M-Instruct with vLLM rollouts for a few
+# GPU smoke test (a few minutes): a bf16 FSDP2 fit (FSDP2 MixedPrecisionPolicy, fp32 master weights) of SmolLM2-135M-Instruct with vLLM rollouts for a few
 # steps on every visible GPU, then the step time, rollout tokens/s and peak GPU memory it logged.
 # Usage: scripts/gpu_smoke.sh [extra overrides]    (run `make install` first)
 set -euo pipefail
@@ -10,7 +10,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 rm -rf "$OUT"
 start=$(date +%s)
 timeout 300 "$PY" -m stare_lightning fit experiment=smollm2_countdown trainer=fsdp trainer.accelerator=gpu \
-  trainer.devices="$GPUS" trainer.precision=bf16-mixed trainer.max_steps=5 trainer.val_check_interval=100 \
+  trainer.devices="$GPUS" trainer.max_steps=5 trainer.val_check_interval=100 \
   validation.before_fit=false callbacks=minimal summary=false rollout=vllm rollout.gpu_memory_utilization=0.3 \
   output_dir="$OUT" "$@"
 end=$(date +%s)

@@ -22,7 +22,7 @@ from stare_lightning.algorithms import (
 )
 from stare_lightning.experience import Experience, build_experience
 from stare_lightning.rewards.pool import VerifierPool
-from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams, prompt_seeds
 
 
 @dataclass
@@ -93,6 +93,9 @@ def collect_experience(
 ) -> tuple[Experience, CollectionStats]:
     """Generate, score and (with dynamic sampling) filter until ``len(items)`` groups carry signal.
 
+    Each prompt's samples are seeded from ``seed``, the generation batch and its record id, never from
+    its rank or its position: without dynamic sampling (which filters each rank's groups on their own),
+    a run over several ranks collects exactly the experience of a one-rank run on the same global batch.
     ``all_ranks_agree(stop)`` is true only when every rank wants to stop: ranks keep generating in
     lockstep (a done rank's extra groups are discarded), since sharded generation is collective.
     """
@@ -103,8 +106,10 @@ def collect_experience(
     batch_items = items
     last: ScoredGroups | None = None
     while True:
-        batch_params = SamplingParams(**{**params.__dict__, "seed": seed * 1000 + stats.generation_batches})
-        rollouts = engine.generate([item["prompt_ids"] for item in batch_items], batch_params)
+        keys = [f"{stats.generation_batches}/{item['id']}" for item in batch_items]
+        rollouts = engine.generate(
+            [item["prompt_ids"] for item in batch_items], params, seeds=prompt_seeds(seed, keys, params.n)
+        )
         scored = score_rollouts(batch_items, rollouts, pool, cfg, params.max_new_tokens)
         last = scored
         stats.generation_batches += 1

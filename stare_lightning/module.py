@@ -35,7 +35,7 @@ from stare_lightning.forward import response_token_stats
 from stare_lightning.models.sharding import shard_model
 from stare_lightning.optim import build_optimizer
 from stare_lightning.rewards.pool import VerifierPool
-from stare_lightning.rollout.base import SamplingParams
+from stare_lightning.rollout.base import SamplingParams, prompt_seeds
 from stare_lightning.rollout.canary import LogprobCanary
 from stare_lightning.rollout.factory import build_engine
 from stare_lightning.telemetry import TrainTelemetry, ValidationTelemetry
@@ -70,9 +70,10 @@ class STAREModule(LightningModule):
 
     # ----------------------------------------------------------------------------------------- models
     def setup(self, stage: str) -> None:
-        if self.device.type == "cpu" and self.trainer.world_size > 1:
+        if self.device.type == "cpu" and self.trainer.world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             # Several CPU ranks on one machine: split the cores, or OpenMP's spinning threads of each rank
-            # fight the others' and every step slows down many times over.
+            # fight the others' and every step slows down many times over. An explicit OMP_NUM_THREADS wins
+            # (launchers such as torchrun set it, and only they know how many ranks share the machine).
             per_rank = max(1, (os.cpu_count() or 1) // max(self.trainer.num_devices, 1))
             torch.set_num_threads(per_rank)
 
@@ -87,9 +88,10 @@ class STAREModule(LightningModule):
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
             self.reference.requires_grad_(False)
         if self.device_mesh is not None:
-            shard_model(self.policy, self.device_mesh)
+            mp_policy = getattr(self.trainer.strategy, "mixed_precision_policy", None)
+            shard_model(self.policy, self.device_mesh, mp_policy=mp_policy)
             if self.reference is not None:
-                shard_model(self.reference, self.device_mesh)
+                shard_model(self.reference, self.device_mesh, mp_policy=mp_policy)
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(
@@ -140,7 +142,7 @@ class STAREModule(LightningModule):
         )
         experience, collection = collect_experience(
             batch, self._rollout_engine(), self.verifiers, params, alg,
-            pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
+            pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._rollout_seed(),
             all_ranks_agree=lambda stop: bool(self._all_reduce(torch.tensor(float(stop)), dist.ReduceOp.MIN) > 0),
         )
         experience = experience.to(self.device)
@@ -174,8 +176,12 @@ class STAREModule(LightningModule):
     def _more_prompts(self, count: int, attempt: int) -> list[dict]:
         return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)
 
+    def _rollout_seed(self) -> int:
+        # The same on every rank: prompts are told apart by their record ids (see collect_experience).
+        return self.cfg.seed * 1_000_003 + self.global_step
+
     def _step_seed(self) -> int:
-        return (self.cfg.seed * 1_000_003 + self.global_step) * max(self.trainer.world_size, 1) + self.global_rank
+        return self._rollout_seed() * max(self.trainer.world_size, 1) + self.global_rank
 
     @torch.no_grad()
     def _score_with_rollout_policy(self, experience: Experience) -> None:
@@ -235,6 +241,7 @@ class STAREModule(LightningModule):
                         loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
                     self.manual_backward(loss * scale)
                     if index < len(parts):
+                        stats["loss"] = loss.detach()
                         for key, value in stats.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
                 grad_norm = self._clip_gradients()
@@ -253,6 +260,7 @@ class STAREModule(LightningModule):
                     )
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
+                sums["optimizer_steps"] = sums.get("optimizer_steps", 0.0) + 1.0
         if experience.old_logprobs is None:  # on-policy without a pre-pass: keep the first forward's statistics
             _store_rollout_stats(experience, first_pass)
         sums["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
@@ -326,10 +334,12 @@ class STAREModule(LightningModule):
         rollout = self.cfg.rollout
         params = SamplingParams(
             n=rollout.val_n, max_new_tokens=rollout.max_new_tokens, temperature=rollout.val_temperature,
-            top_p=rollout.val_top_p, seed=self.cfg.seed * 7919 + batch_idx * 104_729 + self.global_rank,
+            top_p=rollout.val_top_p,
         )
         engine = self._rollout_engine()
-        rollouts = engine.generate([item["prompt_ids"] for item in batch], params)
+        # Seeded by record id: validation scores do not depend on the number of ranks or the batch size.
+        seeds = prompt_seeds(self.cfg.seed * 7919, [str(item["id"]) for item in batch], params.n)
+        rollouts = engine.generate([item["prompt_ids"] for item in batch], params, seeds=seeds)
         calls = [
             (batch[row // params.n]["verifier"], text, batch[row // params.n]["answer"], batch[row // params.n].get("metadata", {}))
             for row, text in enumerate(rollouts.texts)

@@ -84,13 +84,14 @@ class TrainTelemetry(nn.Module):
                 float(stats.selected_pos), float(stats.num_pos), float(stats.selected_neg), float(stats.num_neg),
                 optimizer.get("clip_low", 0.0), optimizer.get("clip_high", 0.0), optimizer.get("kl_sum", 0.0),
                 optimizer.get("tokens", 0.0), collection.generated_tokens, collection.generation_batches,
-                collection.verifier_timeouts, collection.verifier_errors,
+                collection.verifier_timeouts, collection.verifier_errors, optimizer.get("loss", 0.0),
+                optimizer.get("pg_loss", 0.0),
             ],
             dtype=torch.float64,
             device=mask.device,
         )
         (r_sum, r_sq, r_n, sel_pos, n_pos, sel_neg, n_neg, clip_low, clip_high, kl_sum, tokens, gen_tokens,
-         gen_batches, timeouts, errors) = _global_sum(sums).tolist()
+         gen_batches, timeouts, errors, loss, pg_loss) = _global_sum(sums).tolist()
         mean = r_sum / max(r_n, 1)
         out["reward/mean"] = mean
         out["reward/std"] = max(r_sq / max(r_n, 1) - mean**2, 0.0) ** 0.5
@@ -100,6 +101,11 @@ class TrainTelemetry(nn.Module):
         out["clip_ratio/low"] = clip_low / max(tokens, 1)
         out["clip_ratio/high"] = clip_high / max(tokens, 1)
         out["kl"] = kl_sum / max(tokens, 1)
+        # Each rank holds its share of every optimizer step's loss (normalised by global counts): their sum is
+        # the loss of the whole batch, averaged here over the optimizer steps of this rollout batch.
+        optimizer_steps = max(optimizer.get("optimizer_steps", 1.0), 1.0)
+        out["loss"] = loss / optimizer_steps
+        out["pg_loss"] = pg_loss / optimizer_steps
         out["grad_norm"] = optimizer.get("grad_norm", float("nan"))
         out["lr"] = lr
         out["generation_batches"] = gen_batches / max(dist.get_world_size() if dist.is_initialized() else 1, 1)

@@ -1,45 +1,138 @@
-"""Sharded training with FSDP2 on two CPU processes (gloo): fit, resume from the distributed checkpoint, export."""
+"""Sharded training with FSDP2 on two CPU processes (gloo) against an unsharded one-process run.
+
+Every run sees the same global batch of prompts (8 per step: 8 on one rank, or 4 on each of two), and
+rollouts are seeded per prompt, so the runs must sample the same responses and take the same optimizer
+steps: losses, STARE's step-wide selection and the final weights agree up to float summation order. The
+two-process run is launched three ways: by Lightning (and stopped after its step-2 distributed checkpoint,
+then resumed), by torchrun as two single-process nodes, and by ``scripts/slurm_fit.sh`` through a stand-in
+``srun`` that starts the tasks of a two-node allocation on this machine with the variables SLURM sets.
+"""
 
 from __future__ import annotations
 
-import math
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tests.test_fit import FAST, read_metrics, run_cli, train_rows
+from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
 pytestmark = pytest.mark.slow
 
-FSDP = [*FAST, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
-        "validation.before_fit=false", "trainer.val_check_interval=100",
-        "callbacks.model_checkpoint.every_n_train_steps=2"]
+# Gate forced on (target entropy above any entropy here) so the selection shapes the loss; no dynamic
+# sampling, which filters each rank's groups on their own and so is not invariant to the sharding.
+SAME_STEPS = [*FAST, "algorithm=stare_o1", "algorithm.stare.target_entropy=10.0", "algorithm.dynamic_sampling=false",
+              "trainer.precision=32-true", "validation.before_fit=false", "trainer.val_check_interval=100",
+              "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.max_steps=3"]
+ONE_PROCESS = [*SAME_STEPS, "trainer=cpu", "data.prompts_per_step=8"]
+# Everything but the launch: trainer=fsdp, devices and nodes come from the launcher's command line.
+SHARDED = [*SAME_STEPS, "trainer.accelerator=cpu", "trainer.strategy.param_dtype=null", "data.prompts_per_step=4"]
+COMPARED = ["loss", "pg_loss", "entropy", "reward/mean", "grad_norm", "response_length/mean",
+            "stare/selected_frac/pos", "stare/selected_frac/neg", "quadrant/exact/pos_high/tokens"]
+
+# Stands in for srun on one machine: starts SLURM_NTASKS tasks, one per node, with the per-task variables.
+FAKE_SRUN = """#!/usr/bin/env bash
+pids=()
+for task in $(seq 0 $((SLURM_NTASKS - 1))); do
+  SLURM_PROCID=$task SLURM_LOCALID=0 SLURM_NODEID=$task "$@" &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
 
 
-def test_fsdp_fit_resumes_from_its_distributed_checkpoint_and_exports(tmp_path, model_cache):
-    run = tmp_path / "run"
-    proc = run_cli(["fit", f"output_dir={run}", *FSDP, "trainer.max_steps=2"], model_cache)
+def _fit(args, model_cache):
+    proc = run_cli(["fit", *args], model_cache)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
-    checkpoint = run / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_dir(), "ModelParallelStrategy should write a distributed checkpoint directory"
 
-    proc = run_cli(["fit", f"output_dir={run}", *FSDP, "trainer.max_steps=3", f"ckpt_path={checkpoint}"], model_cache)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-4000:]
-    steps = train_rows(read_metrics(run))
-    assert sorted(steps) == [0, 1, 2], "the resumed run should continue at step 2"
-    assert all(math.isfinite(r["train/entropy"]) for r in steps.values())
 
-    export_dir = tmp_path / "hf"
+def _export(run, export_dir, model_cache):
     proc = run_cli(["export", f"output_dir={run}", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
                     f"export_dir={export_dir}", *FAST], model_cache)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(export_dir)
-    tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    ids = tokenizer("3 5 7 -> 22:", return_tensors="pt").input_ids
-    with torch.no_grad():
-        assert torch.isfinite(model(ids).logits).all()
+    return AutoModelForCausalLM.from_pretrained(export_dir).state_dict()
+
+
+def _assert_same_steps(expected_run, got_run):
+    expected, got = train_rows(read_metrics(expected_run)), train_rows(read_metrics(got_run))
+    assert sorted(got) == sorted(expected) == [0, 1, 2]
+    for step in expected:
+        for name in COMPARED:
+            want, have = expected[step][f"train/{name}"], got[step][f"train/{name}"]
+            assert have == pytest.approx(want, abs=1e-5, rel=1e-5), f"step {step}: train/{name}"
+        # The step-wide top-10% selection is a count over all ranks' tokens: it must match exactly.
+        for name in ("stare/selected_frac/pos", "stare/selected_frac/neg"):
+            assert got[step][f"train/{name}"] == expected[step][f"train/{name}"], f"step {step}: train/{name}"
+    assert any(expected[step]["train/stare/selected_frac/pos"] > 0 for step in expected)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, model_cache):
+    run = tmp_path_factory.mktemp("fsdp") / "one_process"
+    _fit([f"output_dir={run}", *ONE_PROCESS], model_cache)
+    return run
+
+
+def test_two_process_fsdp_fit_matches_one_process_and_resumes(reference, tmp_path, model_cache):
+    sharded = tmp_path / "fsdp"
+    launch = ["trainer=fsdp", "trainer.devices=2"]
+    _fit([f"output_dir={sharded}", *SHARDED, *launch, "trainer.max_steps=2"], model_cache)
+    checkpoint = sharded / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_dir(), "ModelParallelStrategy should write a distributed checkpoint directory"
+    _fit([f"output_dir={sharded}", *SHARDED, *launch, f"ckpt_path={checkpoint}"], model_cache)
+    _assert_same_steps(reference, sharded)  # step 2 comes from the resumed run
+
+    want = _export(reference, tmp_path / "hf_one_process", model_cache)
+    have = _export(sharded, tmp_path / "hf_fsdp", model_cache)
+    assert want.keys() == have.keys()
+    for name in want:
+        torch.testing.assert_close(have[name], want[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    # Both runs trained: the weights moved away from their common start by far more than the tolerance.
+    from transformers import AutoModelForCausalLM
+
+    last = torch.load(reference / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 3, "last.ckpt must hold the final step, not the last periodic save (step 2)"
+    start = AutoModelForCausalLM.from_pretrained(last["hyper_parameters"]["model_dir"]).state_dict()
+    assert max((want[name] - start[name]).abs().max().item() for name in want) > 50 * 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
+def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, model_cache):
+    run = tmp_path / launcher
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache, "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    if launcher == "torchrun":
+        node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                f"--master-addr={env['MASTER_ADDR']}", f"--master-port={env['MASTER_PORT']}"]
+        args = ["-m", "stare_lightning", "fit", "trainer=fsdp", "trainer.devices=1", "trainer.num_nodes=2",
+                f"output_dir={run}", *SHARDED]
+        procs = [subprocess.Popen([*node, f"--node-rank={rank}", *args], cwd=REPO, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
+    else:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "srun").write_text(FAKE_SRUN)
+        (bin_dir / "srun").chmod(0o755)
+        env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PYTHON=sys.executable, OUTPUT_DIR=str(run),
+                   SLURM_JOB_ID="4242", SLURM_JOB_NAME="stare_lightning", SLURM_NNODES="2", SLURM_NTASKS="2",
+                   SLURM_NTASKS_PER_NODE="1", SLURM_NODELIST="127.0.0.1")
+        procs = [subprocess.Popen(["bash", "scripts/slurm_fit.sh", *SHARDED], cwd=REPO, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+    outputs = [proc.communicate(timeout=900)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
+    _assert_same_steps(reference, run)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -127,6 +125,51 @@ def test_same_seed_same_rollouts_and_rng_untouched(model_and_tokenizer):
     assert a.response_ids != c.response_ids
 
 
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_samples_follow_the_warped_softmax(model_and_tokenizer, temperature, top_p):
+    """Frequencies of 6000 one-token samples against softmax(z / T) restricted to the top-p nucleus."""
+    model, tok = model_and_tokenizer
+    prompt = tok.encode("1+1=")
+    rows = 6000
+    out = HFRolloutEngine(model, tok).generate(
+        [prompt], SamplingParams(n=rows, max_new_tokens=1, temperature=temperature, top_p=top_p, seed=5)
+    )
+    model.eval()
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
+    # The nucleus: the most likely tokens until their mass reaches top_p (the token crossing it included).
+    order = probs.argsort(descending=True)
+    mass_before = probs[order].cumsum(0) - probs[order]
+    nucleus = order[mass_before < top_p]
+    expected = torch.zeros_like(probs)
+    expected[nucleus] = probs[nucleus] / probs[nucleus].sum()
+    counts = torch.bincount(torch.tensor([r[0] for r in out.response_ids]), minlength=probs.numel()).double()
+    freq = counts / rows
+    assert freq[expected == 0].sum() == 0, "a token outside the nucleus was sampled"
+    sigma = (expected * (1 - expected) / rows).sqrt()
+    assert ((freq - expected).abs() <= 4.5 * sigma + 1e-9).all(), (freq - expected).abs().max()
+
+
+def test_a_prompts_samples_do_not_depend_on_its_batch(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    params = SamplingParams(n=3, max_new_tokens=16, temperature=1.2)
+    prompt, others = tok.encode("1+1="), [tok.encode("The capital of France is"), tok.encode("x")]
+    alone = HFRolloutEngine(model, tok).generate([prompt], params, seeds=[1234])
+    # Other prompts around it, left padding to a longer width, and chunks that split its group.
+    crowded = HFRolloutEngine(model, tok, max_batch_size=2).generate(
+        [others[0], prompt, others[1]], params, seeds=[7, 1234, 99]
+    )
+    assert crowded.response_ids[3:6] == alone.response_ids
+    torch.testing.assert_close(
+        torch.tensor(sum(crowded.response_logprobs[3:6], [])), torch.tensor(sum(alone.response_logprobs, [])),
+        atol=1e-5, rtol=0,
+    )
+    other_seed = HFRolloutEngine(model, tok).generate([prompt], params, seeds=[1235])
+    assert other_seed.response_ids[0] == alone.response_ids[1], "sample j of seed s is drawn from stream s + j"
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        HFRolloutEngine(model, tok).generate([prompt], params, seeds=[1, 2])
+
+
 def test_training_flags_restored(model_and_tokenizer):
     model, tok = model_and_tokenizer
     model.train()
@@ -162,13 +205,13 @@ def _fsdp_worker(rank: int, world: int, init_file: str, tiny_dir: str, results: 
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_module_generates_on_two_ranks(tiny_dir, tmp_path):
+def test_fsdp2_sharded_module_generates_on_two_ranks(tiny_dir, tmp_path, monkeypatch):
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
     manager = mp.Manager()
     results = manager.dict()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on a small machine: one thread each
     mp.start_processes(
         _fsdp_worker,
         args=(2, str(tmp_path / "init"), str(tiny_dir), results),

@@ -131,6 +131,21 @@ def test_same_seed_same_rollouts_and_training_rng_untouched(engine, tokenizer):
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
+def test_a_prompts_samples_do_not_depend_on_its_batch(engine, tokenizer):
+    """Per-prompt seeds: the same samples alone or among other prompts (what makes sharding invisible)."""
+    params = SamplingParams(n=3, max_new_tokens=12, temperature=1.2)
+    prompt, others = tokenizer.encode("ab"), [tokenizer.encode("the longer prompt"), tokenizer.encode("x")]
+    alone = engine.generate([prompt], params, seeds=[4321])
+    crowded = engine.generate([others[0], prompt, others[1]], params, seeds=[8, 4321, 77])
+    assert crowded.response_ids[3:6] == alone.response_ids
+    assert crowded.response_ids[:3] != alone.response_ids
+    shifted = engine.generate([prompt], params, seeds=[4322])
+    assert shifted.response_ids[0] == alone.response_ids[1], "sample j of seed s is drawn from stream s + j"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
 def test_sleep_and_wake_keep_weights(engine, tokenizer):
     params = SamplingParams(n=2, max_new_tokens=8, seed=1)
     a = engine.generate([tokenizer.encode("zz")], params)

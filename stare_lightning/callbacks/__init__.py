@@ -1,7 +1,8 @@
-"""Callbacks: entropy guard, rollout sample dump, end-of-fit summary (early stopping and checkpoints are Lightning's)."""
+"""Callbacks: entropy guard, rollout sample dump, end-of-fit summary, a final-state checkpoint (early stopping is Lightning's)."""
 
 from stare_lightning.callbacks.entropy_guard import EntropyGuard
+from stare_lightning.callbacks.final_checkpoint import FinalStateCheckpoint
 from stare_lightning.callbacks.run_summary import RunSummary
 from stare_lightning.callbacks.sample_dump import RolloutSampleDump
 
-__all__ = ["EntropyGuard", "RolloutSampleDump", "RunSummary"]
+__all__ = ["EntropyGuard", "FinalStateCheckpoint", "RolloutSampleDump", "RunSummary"]

@@ -23,13 +23,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
 
 
-def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mixed_precision: torch.dtype | None = None) -> None:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mp_policy=None) -> None:
+    """Shard ``model`` in place over the mesh's data-parallel dimension; ``mp_policy``: FSDP2's
+    ``MixedPrecisionPolicy`` (None keeps forward and backward in the parameters' dtype)."""
+    from torch.distributed.fsdp import fully_shard
 
     mesh = device_mesh["data_parallel"] if device_mesh.mesh_dim_names and "data_parallel" in device_mesh.mesh_dim_names else device_mesh
     kwargs = {"mesh": mesh}
-    if mixed_precision is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

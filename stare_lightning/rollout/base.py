@@ -4,10 +4,18 @@ An engine turns tokenised prompts into ``n`` sampled responses each, with the lo
 sampled token under the engine's own copy of the policy. The trainer compares those log-probs with its
 own forward pass (the mismatch canary) and pushes fresh weights into the engine after every optimizer
 step through ``sync_weights``.
+
+Seeding: sample ``j`` of prompt ``i`` is drawn from a random stream seeded ``seeds[i] + j`` (vLLM's own
+convention for ``n > 1``), in both backends. With ``prompt_seeds`` keyed by record id, a prompt's samples
+do not depend on which other prompts share its batch or its rank, so a run sharded over two ranks samples
+what a one-rank run on the same global batch samples.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -82,8 +90,13 @@ class RolloutEngine(Protocol):
     trained module itself (HF ``generate``), where syncing is a no-op.
     """
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
-        """Sample ``params.n`` responses for each prompt (token ids without padding)."""
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollouts:
+        """Sample ``params.n`` responses for each prompt (token ids without padding).
+
+        ``seeds``: one per prompt (see ``request_seeds``); without them they derive from ``params.seed``.
+        """
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -99,3 +112,29 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def prompt_seeds(base_seed: int, keys: Sequence[str], n: int) -> list[int]:
+    """One seed per prompt from a base seed and a key naming the prompt (record id, generation batch).
+
+    A hash rather than a position in the batch: the seed follows the prompt wherever it is sampled. The
+    range leaves room for the ``n`` consecutive per-sample seeds below 2**31.
+    """
+    seeds = []
+    for key in keys:
+        digest = hashlib.blake2b(f"{base_seed}/{key}".encode(), digest_size=8).digest()
+        seeds.append(int.from_bytes(digest, "little") % (2**31 - n))
+    return seeds
+
+
+def request_seeds(params: SamplingParams, num_prompts: int, seeds: Sequence[int] | None) -> list[int | None]:
+    """The per-prompt seeds an engine uses: the caller's, else spread from ``params.seed``, else unseeded."""
+    if seeds is not None:
+        if len(seeds) != num_prompts:
+            raise ValueError(f"got {len(seeds)} seeds for {num_prompts} prompts: pass one seed per prompt")
+        return [int(s) for s in seeds]
+    if params.seed is None:
+        return [None] * num_prompts
+    # Spread over 31 bits: every (prompt, sample) stream stays distinct within a call and across nearby seeds.
+    rng = random.Random(params.seed)
+    return [rng.randrange(0, 2**31 - params.n) for _ in range(num_prompts)]

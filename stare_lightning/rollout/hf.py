@@ -8,6 +8,14 @@ same temperature computes, so the two agree up to kernel noise. Under top-p/top-
 from the truncated, renormalised distribution while these log-probs are taken over the full vocabulary,
 so importance ratios built on them carry the truncation bias (see ``SamplingParams.truncates_support``).
 
+Sampling. ``generate`` runs greedy search over logits that a processor has warped (temperature, top-k,
+top-p, in transformers' order) and then perturbed: ``argmax(z - log E)`` with ``E ~ Exp(1)`` drawn
+independently per vocabulary entry is an exact sample from ``softmax(z)`` (the exponential race, as in
+vLLM's sampler). Each response row draws its noise from its own generator seeded ``seed + j``
+(``rollout.base``), so a row's tokens do not depend on the other rows of the batch, on the batch size or on
+the rank, which ``torch.multinomial`` over the batch could not give. The cost is one small random draw per
+row and decoding step.
+
 A module sharded with FSDP2 (``fully_shard``) works too: generation runs under ``no_grad`` and, when
 several ranks take part, with ``synced_gpus`` so every rank keeps calling forward (and so joining the
 all-gathers) until all ranks are done. Ranks may pass different numbers of prompts (the number of
@@ -18,13 +26,21 @@ number of times.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from stare_lightning.rollout.base import Rollouts, SamplingParams
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
 
 # Upper bound on the raw logits kept during one generate call ([rows, steps, vocab] fp32); larger
 # rollout batches are generated in chunks of rows.
@@ -68,26 +84,33 @@ class HFRolloutEngine:
 
     # -- protocol -------------------------------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollouts:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("Every prompt needs at least one token")
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
+        prompt_seeds = request_seeds(params, len(prompt_ids), seeds)
+        # Unseeded prompts take their seed from torch's global generator, so torch.manual_seed still governs them.
+        prompt_seeds = [int(torch.randint(2**31 - params.n, ())) if s is None else s for s in prompt_seeds]
+        row_seeds = [s + j for s in prompt_seeds for j in range(params.n)]
         start = time.perf_counter()
         response_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
         finish: list[str] = []
         synced = _needs_synced_generation(self.model)
-        with _eval_mode(self.model), torch.no_grad(), _seeded(params.seed, self._device()):
+        with _eval_mode(self.model), torch.no_grad():
             chunk = self._rows_per_call(params, len(rows))
             chunks = [rows[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
+            chunk_seeds = [row_seeds[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
             calls = _max_over_ranks(len(chunks), self._device()) if synced else len(chunks)
             for call in range(calls):
                 if call >= len(chunks):
                     # This rank is out of rows but the others are still generating: join their forward
                     # passes with a throwaway row so the all-gathers line up.
-                    self._generate_rows(rows[:1] or [[self.pad_token_id]], params, synced)
+                    self._generate_rows(rows[:1] or [[self.pad_token_id]], [0], params, synced)
                     continue
-                ids, lps, reasons = self._generate_rows(chunks[call], params, synced)
+                ids, lps, reasons = self._generate_rows(chunks[call], chunk_seeds[call], params, synced)
                 response_ids += ids
                 logprobs += lps
                 finish += reasons
@@ -139,16 +162,14 @@ class HFRolloutEngine:
     def _generation_config(self, params: SamplingParams):
         from transformers import GenerationConfig
 
-        # Every knob that changes the sampling distribution is set explicitly, so values from the
-        # model's own generation_config (applied by generate only where ours are None) cannot leak in.
+        # Greedy search over the processors' perturbed logits (see the module docstring). Every knob that
+        # would change the distribution is set explicitly, so the model's own generation_config (applied by
+        # generate only where ours are None) cannot leak in.
         return GenerationConfig(
-            do_sample=True,
+            do_sample=False,
             num_beams=1,
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,  # 0 disables top-k (transformers' own default would be 50)
             typical_p=1.0,
             epsilon_cutoff=0.0,
             eta_cutoff=0.0,
@@ -162,7 +183,7 @@ class HFRolloutEngine:
         )
 
     def _generate_rows(
-        self, rows: list[list[int]], params: SamplingParams, synced: bool
+        self, rows: list[list[int]], row_seeds: list[int], params: SamplingParams, synced: bool
     ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         device = self._device()
         width = max(len(r) for r in rows)
@@ -175,6 +196,7 @@ class HFRolloutEngine:
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             generation_config=self._generation_config(params),
+            logits_processor=_sampling_processors(params, row_seeds, device),
             synced_gpus=synced,
         )
         new_tokens = out.sequences[:, width:].cpu()
@@ -239,17 +261,33 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def _seeded(seed: int | None, device: torch.device):
-    """Seed sampling locally; the caller's RNG streams (CPU and the model's accelerator) are restored after."""
-    if seed is None:
-        return nullcontext()
-    return _fork_and_seed(seed, device)
+class ExponentialRaceSampler(LogitsProcessor):
+    """Perturbs each row's (warped) logits with ``-log E``, ``E ~ Exp(1)`` from that row's own generator.
+
+    The argmax of the result is a sample from the row's softmax; masked entries (``-inf``) stay masked.
+    """
+
+    def __init__(self, row_seeds: Sequence[int], device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in row_seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[0] != len(self.generators):
+            raise ValueError(f"{scores.shape[0]} rows of logits for {len(self.generators)} row generators")
+        # float64: a draw of exactly 0 (an infinite boost for one token) has probability ~2**-53 per entry
+        # instead of fp32's ~2**-24, which a large vocabulary would hit every few hundred steps.
+        noise = torch.empty(scores.shape, dtype=torch.float64, device=scores.device)
+        for row, generator in enumerate(self.generators):
+            noise[row].exponential_(generator=generator)
+        noise = noise.clamp_min_(torch.finfo(torch.float64).tiny).log_().float()
+        return scores.float() - noise
 
 
-@contextmanager
-def _fork_and_seed(seed: int, device: torch.device) -> Iterator[None]:
-    devices = [device] if device.type not in ("cpu", "meta") else []
-    device_type = device.type if devices else "cuda"
-    with torch.random.fork_rng(devices=devices, device_type=device_type):
-        torch.manual_seed(seed)
-        yield
+def _sampling_processors(params: SamplingParams, row_seeds: Sequence[int], device: torch.device) -> LogitsProcessorList:
+    warpers: list[LogitsProcessor] = []
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return LogitsProcessorList([*warpers, ExponentialRaceSampler(row_seeds, device)])

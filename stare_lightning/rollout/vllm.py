@@ -43,11 +43,12 @@ import time  # noqa: E402
 import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
 import torch  # noqa: E402
 
-from stare_lightning.rollout.base import Rollouts, SamplingParams  # noqa: E402
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds  # noqa: E402
 
 # Wrapper infixes that torch/Lightning put into parameter names; vLLM expects plain checkpoint names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
@@ -170,7 +171,9 @@ class VLLMRolloutEngine:
 
     # -- protocol -------------------------------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollouts:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -178,7 +181,6 @@ class VLLMRolloutEngine:
             raise ValueError("Every prompt needs at least one token")
         if self._asleep:
             self.wake()
-        seeds = _request_seeds(params.seed, len(prompt_ids), params.n)
         requests = [
             VLLMSamplingParams(
                 n=params.n,
@@ -191,7 +193,7 @@ class VLLMRolloutEngine:
                 detokenize=True,
                 skip_special_tokens=True,
             )
-            for s in seeds
+            for s in request_seeds(params, len(prompt_ids), seeds)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
@@ -333,15 +335,6 @@ def checkpoint_name(name: str) -> str:
     for prefix in _WRAPPER_PREFIXES:
         name = name.replace(prefix, "")
     return name
-
-
-def _request_seeds(seed: int | None, num_prompts: int, n: int) -> list[int | None]:
-    """One seed per prompt. vLLM gives the ``n`` samples of a prompt ``seed + j``; spreading the prompt seeds
-    over 31 bits keeps every (prompt, sample) stream distinct, within a call and across nearby base seeds."""
-    if seed is None:
-        return [None] * num_prompts
-    rng = random.Random(seed)
-    return [rng.randrange(0, 2**31 - n) for _ in range(num_prompts)]
 
 
 def _dist_initialized() -> bool:

@@ -1,0 +1,76 @@
+"""FSDP2 sharding with a bf16 MixedPrecisionPolicy on two gloo ranks, against an unsharded fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stare_lightning.models.tiny import build_tiny_model
+from stare_lightning.strategies import FSDP2Strategy
+
+IDS = torch.tensor([[5, 17, 3, 42, 8, 19, 23, 4, 11, 30], [7, 7, 2, 9, 41, 16, 5, 28, 3, 12]])
+
+
+def _loss(model) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model(IDS).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), IDS[:, 1:].flatten())
+    return loss, logits
+
+
+def _worker(rank: int, world: int, init_file: str, tiny_dir: str, results: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+
+    from stare_lightning.models.sharding import shard_model
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        policy = FSDP2Strategy(param_dtype="bfloat16").mixed_precision_policy
+        shard_model(model, mesh, mp_policy=policy)
+        loss, logits = _loss(model)  # the same batch on both ranks: the averaged gradient is that batch's
+        loss.backward()
+        out = {"logits_dtype": logits.dtype, "loss": float(loss), "grads": {}, "storage": set()}
+        for name, param in model.named_parameters():
+            out["storage"].add((param.to_local().dtype, param.grad.to_local().dtype))
+            out["grads"][name] = param.grad.full_tensor()
+        if rank == 0:
+            results.update(out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_bf16_policy_computes_in_bf16_and_keeps_fp32_master_weights(tmp_path, monkeypatch):
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    tiny_dir = build_tiny_model(tmp_path / "tiny", seed=0)
+    results = mp.Manager().dict()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tiny_dir), results), nprocs=2, join=True,
+                       start_method="spawn")
+
+    assert results["logits_dtype"] == torch.bfloat16, "forward should run in the policy's param_dtype"
+    assert results["storage"] == {(torch.float32, torch.float32)}, "sharded weights and gradients stay fp32"
+    reference = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    loss, _ = _loss(reference)
+    loss.backward()
+    assert results["loss"] == pytest.approx(float(loss), rel=2e-2)
+    worst = 0.0
+    for name, param in reference.named_parameters():
+        got, want = results["grads"][name], param.grad
+        worst = max(worst, float((got - want).abs().max()))
+        # bf16 keeps ~3 significant digits: close in norm, but not fp32-exact.
+        assert float((got - want).norm() / want.norm().clamp_min(1e-12)) < 5e-2, name
+    assert worst > 1e-6, "gradients equal to the fp32 ones: the bf16 policy was not applied"
+
+
+def test_strategy_policy_and_bad_dtype():
+    policy = FSDP2Strategy(param_dtype="bfloat16").mixed_precision_policy
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    assert FSDP2Strategy().mixed_precision_policy is None
+    with pytest.raises(ValueError, match=r"trainer\.strategy\.param_dtype='fp8' is not allowed"):
+        FSDP2Strategy(param_dtype="fp8")
