@@ -3,7 +3,7 @@
 Every run sees the same global batch of prompts (8 per step: 8 on one rank, or 4 on each of two), and
 rollouts are seeded per prompt, so the runs must sample the same responses and take the same optimizer
 steps: losses, STARE's step-wide selection and the final weights agree up to float summation order. The
-two-process run is launched three ways: by Lightning (and stopped after its step-2 distributed checkpoint,
+two-process run is launched three ways (with HF rollouts; a fourth test uses vLLM): by Lightning (and stopped after its step-2 distributed checkpoint,
 then resumed), by torchrun as two single-process nodes, and by ``scripts/slurm_fit.sh`` through a stand-in
 ``srun`` that starts the tasks of a two-node allocation on this machine with the variables SLURM sets.
 """
@@ -136,3 +136,16 @@ def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, mode
     outputs = [proc.communicate(timeout=900)[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
     _assert_same_steps(reference, run)
+
+
+@pytest.mark.vllm
+def test_two_process_fsdp_with_vllm_rollouts_matches_one_process(tmp_path, model_cache):
+    """The default backend: each rank's colocated vLLM engine samples its prompts as one engine would all."""
+    from stare_lightning.rollout.factory import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not usable here")
+    one, two = tmp_path / "one_process", tmp_path / "fsdp"
+    _fit([f"output_dir={one}", *ONE_PROCESS, "rollout=vllm"], model_cache)
+    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", "rollout=vllm"], model_cache)
+    _assert_same_steps(one, two)
