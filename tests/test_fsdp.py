@@ -2,10 +2,11 @@
 
 Every run sees the same global batch of prompts (8 per step: 8 on one rank, or 4 on each of two), and
 rollouts are seeded per prompt, so the runs must sample the same responses and take the same optimizer
-steps: losses, STARE's step-wide selection and the final weights agree up to float summation order. The
-two-process run is launched three ways (with HF rollouts; a fourth test uses vLLM): by Lightning (and stopped after its step-2 distributed checkpoint,
-then resumed), by torchrun as two single-process nodes, and by ``scripts/slurm_fit.sh`` through a stand-in
-``srun`` that starts the tasks of a two-node allocation on this machine with the variables SLURM sets.
+steps: losses, STARE's step-wide selection and the final weights agree up to float summation order. With
+HF rollouts the two-process run is launched three ways: by Lightning (and stopped after its step-2
+distributed checkpoint, then resumed), by torchrun as two single-process nodes, and by
+``scripts/slurm_fit.sh`` through a stand-in ``srun`` that starts the tasks of a two-node allocation on this
+machine with the variables SLURM sets. A last test repeats the Lightning launch with vLLM rollouts.
 """
 
 from __future__ import annotations
