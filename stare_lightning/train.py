@@ -80,13 +80,22 @@ def _checkpoint_path(cfg: RunConfig) -> str | None:
 
 
 # Lightning warnings that do not apply here: checkpoints hold the post-update state on purpose (that is what a
-# resume continues from), and the policy is in eval mode at fit start because the run validates first.
-_EXPECTED_WARNINGS = ("Using ModelCheckpoint with manual optimization", "Found .* module\\(s\\) in eval mode")
+# resume continues from), the policy is in eval mode at fit start because the run validates first, and
+# validation metrics are already reduced across ranks (torchmetrics states) before they are logged.
+_EXPECTED_WARNINGS = (
+    "Using ModelCheckpoint with manual optimization",
+    "Found .* module\\(s\\) in eval mode",
+    "It is recommended to use `self.log\\('val/",
+)
+
+
+def _ignore_expected_warnings() -> None:
+    for message in _EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 def fit(cfg: RunConfig):
-    for message in _EXPECTED_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
+    _ignore_expected_warnings()
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     ckpt_path = _checkpoint_path(cfg)
@@ -97,6 +106,7 @@ def fit(cfg: RunConfig):
 
 
 def validate(cfg: RunConfig):
+    _ignore_expected_warnings()
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     return trainer.validate(module, datamodule=datamodule, ckpt_path=_checkpoint_path(cfg))

@@ -75,7 +75,7 @@ class StareConfig:
     timing: str = "next_step"  # next_step (paper) | same_step (reference code)
 
     def __post_init__(self) -> None:
-        p = "stare."
+        p = "algorithm.stare."
         if not isinstance(self.enabled, bool):
             raise ValueError(f"{p}enabled={self.enabled!r} is not allowed: must be true or false")
         if not isinstance(self.adaptive, bool):
@@ -144,10 +144,10 @@ class AlgorithmConfig:
         if isinstance(self.stare, dict):
             self.stare = StareConfig(**self.stare)
         if not isinstance(self.stare, StareConfig):
-            raise ValueError(f"stare={self.stare!r} is not allowed: must be a StareConfig or a mapping of its keys")
-        p = ""
+            raise ValueError(f"algorithm.stare={self.stare!r} is not allowed: must be a StareConfig or a mapping of its keys")
+        p = "algorithm."
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name={self.name!r} is not allowed: must be a non-empty string")
+            raise ValueError(f"{p}name={self.name!r} is not allowed: must be a non-empty string")
         _choice(p, "advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         _number(p, "adv_eps", self.adv_eps, low=0.0)
         _number(p, "clip_eps_low", self.clip_eps_low, low=0.0, high=1.0)
@@ -163,20 +163,20 @@ class AlgorithmConfig:
         _number(p, "entropy_coef_lr", self.entropy_coef_lr, low=0.0)
         _number(p, "entropy_coef_max", self.entropy_coef_max, low=0.0)
         if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
-            raise ValueError(f"entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
+            raise ValueError(f"{p}entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
                              f"be <= entropy_coef_max={self.entropy_coef_max}")
         _choice(p, "entropy_control", self.entropy_control, ENTROPY_CONTROLS)
         _number(p, "clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, low_open=True)
         _number(p, "clip_cov_lb", self.clip_cov_lb)
         _number(p, "clip_cov_ub", self.clip_cov_ub)
         if not self.clip_cov_lb < self.clip_cov_ub:
-            raise ValueError(f"clip_cov_ub={self.clip_cov_ub!r} is out of range: must be > clip_cov_lb="
+            raise ValueError(f"{p}clip_cov_ub={self.clip_cov_ub!r} is out of range: must be > clip_cov_lb="
                              f"{self.clip_cov_lb}")
         _number(p, "kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0, low_open=True)
         _number(p, "kl_cov_coef", self.kl_cov_coef, low=0.0)
         _number(p, "top_entropy_fraction", self.top_entropy_fraction, low=0.0, high=1.0, low_open=True)
         if not isinstance(self.dynamic_sampling, bool):
-            raise ValueError(f"dynamic_sampling={self.dynamic_sampling!r} is not allowed: must be true or false")
+            raise ValueError(f"{p}dynamic_sampling={self.dynamic_sampling!r} is not allowed: must be true or false")
         _number(p, "max_generation_batches", self.max_generation_batches, low=1, integer=True)
         _number(p, "overlong_buffer", self.overlong_buffer, low=0, integer=True)
         _number(p, "overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
