@@ -7,7 +7,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import lightning
-import torch
 from transformers import AutoTokenizer
 
 from stare_lightning.checkpoint_io import SafeCheckpointIO

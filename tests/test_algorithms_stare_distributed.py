@@ -1,13 +1,10 @@
 """Scope "step" across 2 gloo processes equals one process on the concatenated batch."""
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from stare_lightning.algorithms import gather_variable_length, stare_weights_for_scope
+from tests.distributed import run_on_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -33,32 +30,28 @@ def scenarios():
     ]
 
 
-def _worker(rank, world, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        results = {}
-        for i, (d0, d1, kwargs) in enumerate(scenarios()):
-            lp, adv, mask, sens = (d0, d1)[rank]
-            if kwargs.get("selector") == "sensitivity":
-                kwargs = dict(kwargs, sensitivity=sens)
-            w, stats = stare_weights_for_scope(lp, adv, mask, scope="step", **kwargs)
-            results[f"w{i}"] = w
-            results[f"sel_pos{i}"] = stats.selected_pos
-            # the same local data as two micro-batches with their own padding
-            half = lp.shape[0] // 2 or 1
-            parts = [slice(0, half), slice(half, lp.shape[0])]
-            pk = dict(kwargs)
-            if "sensitivity" in pk:
-                pk["sensitivity"] = [sens[s] for s in parts]
-            ws, _ = stare_weights_for_scope([lp[s] for s in parts], [adv[s] for s in parts],
-                                            [mask[s] for s in parts], scope="step", **pk)
-            results[f"wparts{i}"] = torch.cat(ws, 0)
-        for n0, n1 in ((4, 0), (0, 0), (1, 3)):
-            n = (n0, n1)[rank]
-            results[f"gather_{n0}_{n1}"] = gather_variable_length(torch.arange(n, dtype=torch.float32) + 10 * rank)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _worker(rank, world):
+    results = {}
+    for i, (d0, d1, kwargs) in enumerate(scenarios()):
+        lp, adv, mask, sens = (d0, d1)[rank]
+        if kwargs.get("selector") == "sensitivity":
+            kwargs = dict(kwargs, sensitivity=sens)
+        w, stats = stare_weights_for_scope(lp, adv, mask, scope="step", **kwargs)
+        results[f"w{i}"] = w
+        results[f"sel_pos{i}"] = stats.selected_pos
+        # the same local data as two micro-batches with their own padding
+        half = lp.shape[0] // 2 or 1
+        parts = [slice(0, half), slice(half, lp.shape[0])]
+        pk = dict(kwargs)
+        if "sensitivity" in pk:
+            pk["sensitivity"] = [sens[s] for s in parts]
+        ws, _ = stare_weights_for_scope([lp[s] for s in parts], [adv[s] for s in parts],
+                                        [mask[s] for s in parts], scope="step", **pk)
+        results[f"wparts{i}"] = torch.cat(ws, 0)
+    for n0, n1 in ((4, 0), (0, 0), (1, 3)):
+        n = (n0, n1)[rank]
+        results[f"gather_{n0}_{n1}"] = gather_variable_length(torch.arange(n, dtype=torch.float32) + 10 * rank)
+    return results
 
 
 def pad_cat(tensors, T, value):
@@ -66,8 +59,7 @@ def pad_cat(tensors, T, value):
 
 
 def test_step_scope_two_ranks_equals_one_process(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    got = run_on_ranks(_worker, tmp_path)
     for i, (d0, d1, kwargs) in enumerate(scenarios()):
         T = max(d0[0].shape[1], d1[0].shape[1])
         lp = pad_cat([d0[0], d1[0]], T, 0.0)

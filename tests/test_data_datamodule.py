@@ -110,6 +110,21 @@ def test_two_ranks_get_disjoint_slices_of_every_global_batch(tok):
     assert decoded.replace(" ", "") == item["prompt_text"].replace(" ", "")
 
 
+def test_more_prompts_are_disjoint_across_ranks_and_reproducible(tok):
+    dms = [make_dm(tok, rank=r, world_size=3, train_size=30) for r in range(3)]
+    draws = [ids(dm.more_prompts(4, step=7, attempt=1)) for dm in dms]
+    assert all(len(d) == 4 for d in draws)
+    assert len(set().union(*draws)) == 12, "ranks must not share a prompt within an attempt"
+    again = make_dm(tok, rank=1, world_size=3, train_size=30)  # a resumed run: no state, same draw
+    assert ids(again.more_prompts(4, step=7, attempt=1)) == draws[1]
+    assert ids(dms[1].more_prompts(4, step=7, attempt=2)) != draws[1]
+    assert ids(dms[1].more_prompts(4, step=8, attempt=1)) != draws[1]
+    # Fewer records than count x world: equal, smaller, still disjoint shares.
+    small = [ids(make_dm(tok, rank=r, world_size=3, train_size=8, prompts_per_step=2).more_prompts(4, step=0, attempt=1))
+             for r in range(3)]
+    assert [len(d) for d in small] == [2, 2, 2] and len(set().union(*small)) == 6
+
+
 def test_epochs_are_reshuffled(tok):
     dm = make_dm(tok, train_size=8, prompts_per_step=8)
     stream = iter(dm.train_dataloader())

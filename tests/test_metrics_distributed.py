@@ -12,8 +12,6 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from stare_lightning.metrics import (
     AvgAtN,
@@ -28,6 +26,7 @@ from stare_lightning.metrics import (
     ResponseLength,
     TokenEntropy,
 )
+from tests.distributed import run_on_ranks
 
 WORLD = 2
 TOL = 1e-6
@@ -103,71 +102,66 @@ def _make_metrics(**kwargs) -> dict:
     }
 
 
-def _worker(rank: int, init_file: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        data = _make_data(seed=5)
-        b = data["mask"].shape[0]
+def _worker(rank: int, world: int) -> None:
+    data = _make_data(seed=5)
+    b = data["mask"].shape[0]
 
-        # Split metrics: rank 0 gets rows [0, 3) in two updates (one empty), rank 1 gets [3, b).
-        shared = _make_metrics()
-        local = _make_metrics(sync_on_compute=False)
-        _feed(local, data, 0, b)
-        if rank == 0:
-            _feed(shared, data, 0, 3)
-            _feed(shared, data, 3, 3)
-        else:
-            _feed(shared, data, 3, b)
-        for flag in data["gate"]:  # the gate is global: every rank records the same flags
-            shared["gate"].update(flag)
-            local["gate"].update(flag)
-        for name in local:
-            _check(name, shared[name].compute(), local[name].compute())
+    # Split metrics: rank 0 gets rows [0, 3) in two updates (one empty), rank 1 gets [3, b).
+    shared = _make_metrics()
+    local = _make_metrics(sync_on_compute=False)
+    _feed(local, data, 0, b)
+    if rank == 0:
+        _feed(shared, data, 0, 3)
+        _feed(shared, data, 3, 3)
+    else:
+        _feed(shared, data, 3, b)
+    for flag in data["gate"]:  # the gate is global: every rank records the same flags
+        shared["gate"].update(flag)
+        local["gate"].update(flag)
+    for name in local:
+        _check(name, shared[name].compute(), local[name].compute())
 
-        # A rank with no data at all: its states are the defaults and must not disturb the result.
-        empty_ok = ResponseLength()
-        if rank == 0:
-            empty_ok.update(torch.tensor([4, 9, 2]))
-        else:
-            empty_ok.update(torch.tensor([], dtype=torch.long))
-        _check("length_empty_rank", empty_ok.compute(), {"response_length/mean": 5.0, "response_length/max": 9.0})
+    # A rank with no data at all: its states are the defaults and must not disturb the result.
+    empty_ok = ResponseLength()
+    if rank == 0:
+        empty_ok.update(torch.tensor([4, 9, 2]))
+    else:
+        empty_ok.update(torch.tensor([], dtype=torch.long))
+    _check("length_empty_rank", empty_ok.compute(), {"response_length/mean": 5.0, "response_length/max": 9.0})
 
-        # Forecast over steps: each step's entropy and predicted change come from synced metrics.
-        forecast = EntropyForecast(window=4)
-        forecast_ref = EntropyForecast(window=4, sync_on_compute=False)
-        for step in range(6):
-            d = _make_data(seed=100 + step)
-            ent, quad = TokenEntropy(), QuadrantMass()
-            ent_ref, quad_ref = TokenEntropy(sync_on_compute=False), QuadrantMass(sync_on_compute=False)
-            lo, hi = (0, 6) if rank == 0 else (6, b)
-            ent.update(d["entropy"][lo:hi], d["mask"][lo:hi])
-            quad.update(d["adv"][lo:hi], d["mask"][lo:hi], d["phi"][lo:hi], d["omega"][lo:hi], d["selected"][lo:hi])
-            ent_ref.update(d["entropy"], d["mask"])
-            quad_ref.update(d["adv"], d["mask"], d["phi"], d["omega"], d["selected"])
+    # Forecast over steps: each step's entropy and predicted change come from synced metrics.
+    forecast = EntropyForecast(window=4)
+    forecast_ref = EntropyForecast(window=4, sync_on_compute=False)
+    for step in range(6):
+        d = _make_data(seed=100 + step)
+        ent, quad = TokenEntropy(), QuadrantMass()
+        ent_ref, quad_ref = TokenEntropy(sync_on_compute=False), QuadrantMass(sync_on_compute=False)
+        lo, hi = (0, 6) if rank == 0 else (6, b)
+        ent.update(d["entropy"][lo:hi], d["mask"][lo:hi])
+        quad.update(d["adv"][lo:hi], d["mask"][lo:hi], d["phi"][lo:hi], d["omega"][lo:hi], d["selected"][lo:hi])
+        ent_ref.update(d["entropy"], d["mask"])
+        quad_ref.update(d["adv"], d["mask"], d["phi"], d["omega"], d["selected"])
 
-            def predicted(q: dict) -> torch.Tensor:
-                return 0.5 * sum(q[f"quadrant/exact/{name}/dH"] for name in ("pos_high", "pos_low", "neg_high", "neg_low"))
+        def predicted(q: dict) -> torch.Tensor:
+            return 0.5 * sum(q[f"quadrant/exact/{name}/dH"] for name in ("pos_high", "pos_low", "neg_high", "neg_low"))
 
-            forecast.update(ent.compute()["entropy"], predicted(quad.compute()))
-            forecast_ref.update(ent_ref.compute()["entropy"], predicted(quad_ref.compute()))
-            _check(f"forecast_step{step}", forecast.compute(), forecast_ref.compute())
+        forecast.update(ent.compute()["entropy"], predicted(quad.compute()))
+        forecast_ref.update(ent_ref.compute()["entropy"], predicted(quad_ref.compute()))
+        _check(f"forecast_step{step}", forecast.compute(), forecast_ref.compute())
 
-        # Rank-local inputs where global ones belong: warned about, rank 0's view kept.
-        wrong = EntropyForecast(window=3)
-        for step in range(3):
-            wrong.update(0.1 * step + rank, 0.01)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = wrong.compute()
-        assert any("differs across ranks" in str(w.message) for w in caught)
-        assert abs(float(out["entropy/realized_delta"]) - 0.1) < TOL
-    finally:
-        dist.destroy_process_group()
+    # Rank-local inputs where global ones belong: warned about, rank 0's view kept.
+    wrong = EntropyForecast(window=3)
+    for step in range(3):
+        wrong.update(0.1 * step + rank, 0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = wrong.compute()
+    assert any("differs across ranks" in str(w.message) for w in caught)
+    assert abs(float(out["entropy/realized_delta"]) - 0.1) < TOL
 
 
 @pytest.mark.slow
 def test_metrics_on_two_gloo_ranks_equal_single_process_on_the_union(tmp_path):
     # fork on Linux: the children then skip re-importing torch and torchmetrics (seconds each).
     method = "fork" if sys.platform.startswith("linux") else "spawn"
-    mp.start_processes(_worker, args=(str(tmp_path / "pg_init"),), nprocs=WORLD, join=True, start_method=method)
+    run_on_ranks(_worker, tmp_path, world=WORLD, start_method=method)

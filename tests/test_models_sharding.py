@@ -7,6 +7,7 @@ import torch
 
 from stare_lightning.models.tiny import build_tiny_model
 from stare_lightning.strategies import FSDP2Strategy
+from tests.distributed import run_on_ranks
 
 IDS = torch.tensor([[5, 17, 3, 42, 8, 19, 23, 4, 11, 30], [7, 7, 2, 9, 41, 16, 5, 28, 3, 12]])
 
@@ -17,42 +18,30 @@ def _loss(model) -> tuple[torch.Tensor, torch.Tensor]:
     return loss, logits
 
 
-def _worker(rank: int, world: int, init_file: str, tiny_dir: str, results: dict) -> None:
-    import torch.distributed as dist
+def _worker(rank: int, world: int, tiny_dir: str) -> dict | None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoModelForCausalLM
 
     from stare_lightning.models.sharding import shard_model
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        policy = FSDP2Strategy(param_dtype="bfloat16").mixed_precision_policy
-        shard_model(model, mesh, mp_policy=policy)
-        loss, logits = _loss(model)  # the same batch on both ranks: the averaged gradient is that batch's
-        loss.backward()
-        out = {"logits_dtype": logits.dtype, "loss": float(loss), "grads": {}, "storage": set()}
-        for name, param in model.named_parameters():
-            out["storage"].add((param.to_local().dtype, param.grad.to_local().dtype))
-            out["grads"][name] = param.grad.full_tensor()
-        if rank == 0:
-            results.update(out)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    shard_model(model, mesh, mp_policy=FSDP2Strategy(param_dtype="bfloat16").mixed_precision_policy)
+    loss, logits = _loss(model)  # the same batch on both ranks: the averaged gradient is that batch's
+    loss.backward()
+    out = {"logits_dtype": logits.dtype, "loss": float(loss), "grads": {}, "storage": set()}
+    for name, param in model.named_parameters():
+        out["storage"].add((param.to_local().dtype, param.grad.to_local().dtype))
+        out["grads"][name] = param.grad.full_tensor()  # collective: every rank gathers
+    return out if rank == 0 else None
 
 
 @pytest.mark.slow
-def test_bf16_policy_computes_in_bf16_and_keeps_fp32_master_weights(tmp_path, monkeypatch):
-    import torch.multiprocessing as mp
+def test_bf16_policy_computes_in_bf16_and_keeps_fp32_master_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 
     tiny_dir = build_tiny_model(tmp_path / "tiny", seed=0)
-    results = mp.Manager().dict()
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tiny_dir), results), nprocs=2, join=True,
-                       start_method="spawn")
-
+    results = run_on_ranks(_worker, tmp_path, str(tiny_dir))[0]
     assert results["logits_dtype"] == torch.bfloat16, "forward should run in the policy's param_dtype"
     assert results["storage"] == {(torch.float32, torch.float32)}, "sharded weights and gradients stay fp32"
     reference = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)

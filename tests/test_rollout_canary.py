@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary
+from tests.distributed import run_on_ranks
 
 
 def _pair(diff: float, shape=(2, 5)):
@@ -56,28 +57,19 @@ def test_invalid_arguments():
         LogprobCanary().update(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
-def _rank_worker(rank: int, world: int, init_file: str, results) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def _rank_worker(rank: int, world: int) -> str:
+    canary = LogprobCanary(threshold=0.5, patience=1)
+    # Rank 0 alone is far off (3 tokens at 1.0); rank 1 is exact on 1 token: global mean 0.75 > 0.5.
+    diff, tokens = (1.0, 3) if rank == 0 else (0.0, 1)
+    trainer = torch.zeros(1, tokens)
     try:
-        canary = LogprobCanary(threshold=0.5, patience=1)
-        # Rank 0 alone is far off (3 tokens at 1.0); rank 1 is exact on 1 token: global mean 0.75 > 0.5.
-        diff, tokens = (1.0, 3) if rank == 0 else (0.0, 1)
-        trainer = torch.zeros(1, tokens)
-        try:
-            canary.update(trainer + diff, trainer)
-            results[rank] = "no error"
-        except RuntimeError:
-            results[rank] = "raised"
-    finally:
-        dist.destroy_process_group()
+        canary.update(trainer + diff, trainer)
+        return "no error"
+    except RuntimeError:
+        return "raised"
 
 
 @pytest.mark.slow
 def test_ranks_agree_and_raise_together(tmp_path):
-    import torch.multiprocessing as mp
-
-    results = mp.Manager().dict()
-    mp.start_processes(_rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True, start_method="spawn")
-    assert dict(results) == {0: "raised", 1: "raised"}
+    results = run_on_ranks(_rank_worker, tmp_path)
+    assert results == {0: "raised", 1: "raised"}

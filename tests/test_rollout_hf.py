@@ -8,6 +8,7 @@ import torch
 from stare_lightning.models.tiny import build_tiny_model
 from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from stare_lightning.rollout.hf import HFRolloutEngine
+from tests.distributed import run_on_ranks
 
 
 @pytest.fixture(scope="module")
@@ -179,46 +180,31 @@ def test_training_flags_restored(model_and_tokenizer):
     assert not model.model.embed_tokens.training
 
 
-def _fsdp_worker(rank: int, world: int, init_file: str, tiny_dir: str, results: dict) -> None:
-    import torch.distributed as dist
+def _fsdp_worker(rank: int, world: int, tiny_dir: str):
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        tok = AutoTokenizer.from_pretrained(tiny_dir)
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        # Rank 0 stops at its first letter, rank 1 only at EOS: the ranks finish at different steps, so
-        # forward calls must stay in lockstep (synced generation) or the all-gathers would hang.
-        letters = [tok.get_vocab()[c] for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
-        # Rank 0 also has twice the prompts, so two generate calls (2 rows each) against rank 1's one.
-        engine = HFRolloutEngine(model, tok, eos_token_ids=letters if rank == 0 else None, max_batch_size=2)
-        prompts = [tok.encode("rank zero prompt"), tok.encode("zero")] if rank == 0 else [tok.encode("r1")]
-        out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=24, temperature=1.3, seed=rank))
-        results[rank] = (out.prompt_ids, out.response_ids, out.response_logprobs, out.finish_reasons)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    # Rank 0 stops at its first letter, rank 1 only at EOS: the ranks finish at different steps, so
+    # forward calls must stay in lockstep (synced generation) or the all-gathers would hang.
+    letters = [tok.get_vocab()[c] for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+    # Rank 0 also has twice the prompts, so two generate calls (2 rows each) against rank 1's one.
+    engine = HFRolloutEngine(model, tok, eos_token_ids=letters if rank == 0 else None, max_batch_size=2)
+    prompts = [tok.encode("rank zero prompt"), tok.encode("zero")] if rank == 0 else [tok.encode("r1")]
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=24, temperature=1.3, seed=rank))
+    return out.prompt_ids, out.response_ids, out.response_logprobs, out.finish_reasons
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_module_generates_on_two_ranks(tiny_dir, tmp_path, monkeypatch):
-    import torch.multiprocessing as mp
+def test_fsdp2_sharded_module_generates_on_two_ranks(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    manager = mp.Manager()
-    results = manager.dict()
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on a small machine: one thread each
-    mp.start_processes(
-        _fsdp_worker,
-        args=(2, str(tmp_path / "init"), str(tiny_dir), results),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    results = run_on_ranks(_fsdp_worker, tmp_path, str(tiny_dir))
     reference = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     for rank in (0, 1):
         prompts, responses, logprobs, reasons = results[rank]

@@ -11,6 +11,7 @@ import torch
 from stare_lightning.models.tiny import build_tiny_model
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.rollout.vllm import vllm_import_error
+from tests.distributed import run_on_ranks
 
 # Importing vllm.LLM takes seconds: collection only looks for the package, the tests check it imports.
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -201,37 +202,31 @@ def test_sync_weights_after_training(engine, tokenizer, policy):
     assert _max_abs_diff(original, engine.generate(prompt, params)) < 1e-4
 
 
-def _sharded_worker(rank: int, world: int, init_file: str, tiny_dir: str, results) -> None:
+def _sharded_worker(rank: int, world: int, tiny_dir: str):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stare_lightning.rollout.vllm import VLLMRolloutEngine, iter_full_weights
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        tok = AutoTokenizer.from_pretrained(tiny_dir)
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir)
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        engine = VLLMRolloutEngine(tiny_dir, max_model_len=64, kv_cache_memory_bytes=16 << 20)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        batch = torch.tensor([tok.encode(f"rank {rank} data")])
-        for _ in range(2):
-            model(batch, labels=batch).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        engine.sync_weights(model)  # all-gathers every parameter, same order on both ranks
-        full = {name: t.clone() for name, t in iter_full_weights(model)}
-        out = engine.generate([tok.encode(f"r{rank}")], SamplingParams(n=2, max_new_tokens=10, seed=rank))
-        engine.close()
-        dist.barrier()  # the trainer's process group survives the engine
-        if rank == 0:
-            results["state"] = full
-        results[rank] = (out.prompt_ids, out.response_ids, out.response_logprobs)
-    finally:
-        dist.destroy_process_group()
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    engine = VLLMRolloutEngine(tiny_dir, max_model_len=64, kv_cache_memory_bytes=16 << 20)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = torch.tensor([tok.encode(f"rank {rank} data")])
+    for _ in range(2):
+        model(batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    engine.sync_weights(model)  # all-gathers every parameter, same order on both ranks
+    full = {name: t.clone() for name, t in iter_full_weights(model)}
+    out = engine.generate([tok.encode(f"r{rank}")], SamplingParams(n=2, max_new_tokens=10, seed=rank))
+    engine.close()
+    dist.barrier()  # the trainer's process group survives the engine
+    return {"state": full if rank == 0 else None, "rollouts": (out.prompt_ids, out.response_ids, out.response_logprobs)}
 
 
 @pytest.mark.slow
@@ -240,21 +235,13 @@ def _sharded_worker(rank: int, world: int, init_file: str, tiny_dir: str, result
 def test_fsdp2_sync_on_two_ranks(tiny_dir, tmp_path):
     """Each rank of a 2-process FSDP2 trainer owns an engine; sync gathers DTensors and leaves the group intact."""
     _require_usable_vllm()
-    import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
-    results = mp.Manager().dict()
-    mp.start_processes(
-        _sharded_worker,
-        args=(2, str(tmp_path / "init"), str(tiny_dir), results),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    results = run_on_ranks(_sharded_worker, tmp_path, str(tiny_dir))
     trained = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
-    trained.load_state_dict(dict(results["state"]))
+    trained.load_state_dict(results[0]["state"])
     for rank in (0, 1):
-        prompts, responses, logprobs = results[rank]
+        prompts, responses, logprobs = results[rank]["rollouts"]
         for prompt, resp, lps in zip(prompts, responses, logprobs):
             torch.testing.assert_close(
                 torch.tensor(lps), _trainer_logprobs(trained, prompt, resp), atol=1e-3, rtol=0

@@ -358,15 +358,21 @@ class PromptDataModule(L.LightningDataModule):
             raise RuntimeError("PromptDataModule.setup() must run before asking for a dataloader")
 
     def more_prompts(self, count: int, *, step: int, attempt: int) -> list[dict]:
-        """Extra prompts for dynamic sampling's further generation batches.
+        """Extra prompts for dynamic sampling's further generation batches: ``count`` per rank.
 
-        Drawn by a seed of (data seed, step, rank, attempt) rather than from a stream position, so they need
-        no state of their own and a resumed run draws exactly the same ones.
+        One draw without replacement of ``count x world size`` records per (data seed, step, attempt), of
+        which rank ``r`` takes slice ``r``: ranks never share a prompt within an attempt (rollouts are seeded
+        per prompt, so a shared one would give two ranks the same samples). Drawn from a seed rather than a
+        stream position, so they need no state of their own and a resumed run draws exactly the same ones.
+        With fewer records than ``count x world size`` every rank gets a smaller share.
         """
         self._require_setup()
-        rng = random.Random(f"more/{self.cfg.seed}/{step}/{self.rank}/{attempt}")
-        picks = rng.sample(range(len(self.train_records)), min(count, len(self.train_records)))
-        return [self._encoder(self.train_records[i]) for i in picks]
+        rng = random.Random(f"more/{self.cfg.seed}/{step}/{attempt}")
+        total = len(self.train_records)
+        picks = rng.sample(range(total), min(count * self.world_size, total))
+        share = len(picks) // self.world_size
+        mine = picks[self.rank * share : (self.rank + 1) * share]
+        return [self._encoder(self.train_records[i]) for i in mine]
 
     # -- position --------------------------------------------------------------------------------
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
