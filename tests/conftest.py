@@ -16,3 +16,11 @@ def model_cache(tmp_path_factory):
     path = os.environ.get("STARE_LIGHTNING_TEST_CACHE") or str(tmp_path_factory.mktemp("model_cache"))
     os.environ["STARE_LIGHTNING_CACHE"] = path
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The built-in tiny model, randomly initialised (seed 0): for tests that must not depend on training."""
+    from stare_lightning.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)

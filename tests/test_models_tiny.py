@@ -12,11 +12,6 @@ from stare_lightning.models.tiny import BOS, EOS, PAD, build_tiny_model, tiny_vo
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tiny_dir):
     from transformers import AutoTokenizer
 

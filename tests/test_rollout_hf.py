@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stare_lightning.models.tiny import build_tiny_model
 from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from stare_lightning.rollout.hf import HFRolloutEngine
 from tests.distributed import run_on_ranks
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
 
 
 @pytest.fixture()

@@ -8,7 +8,6 @@ import importlib.util
 import pytest
 import torch
 
-from stare_lightning.models.tiny import build_tiny_model
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.rollout.vllm import vllm_import_error
 from tests.distributed import run_on_ranks
@@ -21,11 +20,6 @@ def _require_usable_vllm() -> None:
     reason = vllm_import_error()
     if reason is not None:
         pytest.skip(f"vLLM is installed but not usable here: {reason}")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="module")
