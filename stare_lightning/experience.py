@@ -132,9 +132,30 @@ def micro_batches(experience: Experience, token_budget: int) -> Iterator[Experie
         start = end
 
 
-def mini_batch_rows(num_rows: int, num_mini_batches: int, generator: torch.Generator | None = None) -> list[Tensor]:
-    """Row indices of each PPO mini-batch: a shuffled split into ``num_mini_batches`` near-equal parts."""
+def mini_batch_rows(
+    num_rows: int,
+    num_mini_batches: int,
+    generator: torch.Generator | None = None,
+    *,
+    offset: int = 0,
+    total_rows: int | None = None,
+) -> list[Tensor]:
+    """This rank's row indices in each PPO mini-batch.
+
+    The split is made over the global batch of ``total_rows`` rows (default: ``num_rows``), of which this
+    rank holds rows ``[offset, offset + num_rows)``: a shuffled split into ``num_mini_batches`` near-equal
+    parts, each rank keeping its own rows of every part. With the same ``generator`` seed on every rank this
+    gives the mini-batches one process holding the whole batch would use, and the same number of them on
+    every rank (so optimizer steps stay collective), even when a part holds none of this rank's rows.
+    """
     if num_mini_batches < 1:
         raise ValueError(f"algorithm.mini_batches must be >= 1, got {num_mini_batches}")
-    order = torch.randperm(num_rows, generator=generator) if num_mini_batches > 1 else torch.arange(num_rows)
-    return [part for part in order.tensor_split(num_mini_batches) if part.numel()]
+    total = num_rows if total_rows is None else total_rows
+    if not 0 <= offset <= offset + num_rows <= total:
+        raise ValueError(f"rows [{offset}, {offset + num_rows}) do not lie in a global batch of {total} rows")
+    order = torch.randperm(total, generator=generator) if num_mini_batches > 1 else torch.arange(total)
+    mine = []
+    for part in order.tensor_split(num_mini_batches):
+        if part.numel():  # parts are empty on every rank alike (fewer global rows than mini-batches)
+            mine.append(part[(part >= offset) & (part < offset + num_rows)] - offset)
+    return mine

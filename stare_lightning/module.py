@@ -142,7 +142,7 @@ class STAREModule(LightningModule):
         )
         experience, collection = collect_experience(
             batch, self._rollout_engine(), self.verifiers, params, alg,
-            pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._rollout_seed(),
+            pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
             all_ranks_agree=lambda stop: bool(self._all_reduce(torch.tensor(float(stop)), dist.ReduceOp.MIN) > 0),
         )
         experience = experience.to(self.device)
@@ -176,12 +176,10 @@ class STAREModule(LightningModule):
     def _more_prompts(self, count: int, attempt: int) -> list[dict]:
         return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)
 
-    def _rollout_seed(self) -> int:
-        # The same on every rank: prompts are told apart by their record ids (see collect_experience).
-        return self.cfg.seed * 1_000_003 + self.global_step
-
     def _step_seed(self) -> int:
-        return self._rollout_seed() * max(self.trainer.world_size, 1) + self.global_rank
+        # The same on every rank: rollouts tell prompts apart by record id and mini-batches are split
+        # over the global batch, so the seed must not depend on the rank.
+        return self.cfg.seed * 1_000_003 + self.global_step
 
     @torch.no_grad()
     def _score_with_rollout_policy(self, experience: Experience) -> None:
@@ -219,19 +217,23 @@ class STAREModule(LightningModule):
         alg = self.cfg.algorithm
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         generator = torch.Generator().manual_seed(self._step_seed())
+        offset, total_rows = self._global_row_offset(experience.num_rows)
+        budget = self.cfg.optim.micro_batch_tokens
+        # Ranks with fewer micro-batches (or none in a mini-batch) run this one at zero weight, so every rank
+        # runs the same number of forward/backward collectives.
+        filler = next(micro_batches(experience.select(slice(0, 1)), budget))
         sums: dict[str, float] = {}
         grad_norms, first_pass = [], []
         for _ in range(alg.ppo_epochs):
-            for rows in mini_batch_rows(experience.num_rows, alg.mini_batches, generator):
+            split = mini_batch_rows(experience.num_rows, alg.mini_batches, generator, offset=offset, total_rows=total_rows)
+            for rows in split:
                 mini = experience.select(rows.to(experience.input_ids.device))
                 normalizer = self._normalizer(mini)
-                parts = list(micro_batches(mini, self.cfg.optim.micro_batch_tokens))
+                parts = list(micro_batches(mini, budget))
                 steps = int(self._all_reduce(torch.tensor(float(len(parts))), dist.ReduceOp.MAX))
                 finite = True
                 for index in range(steps):
-                    # Ranks with fewer micro-batches repeat their last one at zero weight, so every rank runs
-                    # the same number of forward/backward collectives.
-                    part = parts[min(index, len(parts) - 1)]
+                    part = parts[index] if index < len(parts) else filler
                     loss, stats, token_stats = self._micro_batch_loss(part, normalizer)
                     if experience.old_logprobs is None and index < len(parts):
                         first_pass.append(token_stats)
@@ -314,6 +316,15 @@ class STAREModule(LightningModule):
             num_tokens=max(int(counts[0]), 1), num_sequences=max(int(counts[1]), 1),
             max_response_length=self.cfg.rollout.max_new_tokens,
         )
+
+    def _global_row_offset(self, num_rows: int) -> tuple[int, int]:
+        """Where this rank's rows start in the global batch (ranks in order), and the global row count."""
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return 0, num_rows
+        counts = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(dist.get_world_size())]
+        dist.all_gather(counts, torch.tensor([num_rows], dtype=torch.long, device=self.device))
+        counts = [int(c) for c in counts]
+        return sum(counts[: dist.get_rank()]), sum(counts)
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

@@ -63,9 +63,9 @@ def _export(run, export_dir, model_cache):
     return AutoModelForCausalLM.from_pretrained(export_dir).state_dict()
 
 
-def _assert_same_steps(expected_run, got_run):
+def _assert_same_steps(expected_run, got_run, num_steps=3):
     expected, got = train_rows(read_metrics(expected_run)), train_rows(read_metrics(got_run))
-    assert sorted(got) == sorted(expected) == [0, 1, 2]
+    assert sorted(got) == sorted(expected) and len(expected) == num_steps
     for step in expected:
         for name in COMPARED:
             want, have = expected[step][f"train/{name}"], got[step][f"train/{name}"]
@@ -104,6 +104,16 @@ def test_two_process_fsdp_fit_matches_one_process_and_resumes(reference, tmp_pat
     assert last["global_step"] == 3, "last.ckpt must hold the final step, not the last periodic save (step 2)"
     start = AutoModelForCausalLM.from_pretrained(last["hyper_parameters"]["model_dir"]).state_dict()
     assert max((want[name] - start[name]).abs().max().item() for name in want) > 50 * 1e-5
+
+
+def test_two_process_ppo_mini_batches_match_one_process(tmp_path, model_cache):
+    """Two optimizer steps per rollout batch: the mini-batches are split over the global batch, not per rank."""
+    # max_steps counts optimizer steps: 2 rollout batches x 2 epochs x 2 mini-batches.
+    ppo = ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2", "trainer.max_steps=8"]
+    one, two = tmp_path / "one_process", tmp_path / "fsdp"
+    _fit([f"output_dir={one}", *ONE_PROCESS, *ppo], model_cache)
+    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *ppo], model_cache)
+    _assert_same_steps(one, two, num_steps=2)
 
 
 def _free_port() -> int:
