@@ -105,12 +105,27 @@ class STAREModule(LightningModule):
         # that a later sync during training may not update in place.
         with torch.inference_mode(False):
             if self.engine is None:
-                self.engine = build_engine(self.cfg.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.cfg.seed)
+                self.engine = build_engine(
+                    self.cfg.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.cfg.seed,
+                    compute_dtype=self._compute_dtype(),
+                )
                 self._engine_stale = self.engine_holds_copy()
             if self._engine_stale:
                 self.engine.sync_weights(self.policy)
                 self._engine_stale = False
         return self.engine
+
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype forward passes run in: FSDP2's param_dtype, Lightning's half precision, else the weights'."""
+        mp_policy = getattr(self.trainer.strategy, "mixed_precision_policy", None)
+        if mp_policy is not None and mp_policy.param_dtype is not None:
+            return mp_policy.param_dtype
+        precision = str(self.trainer.precision)
+        if precision.startswith("bf16"):
+            return torch.bfloat16
+        if precision.startswith("16"):
+            return torch.float16
+        return next(self.policy.parameters()).dtype
 
     def engine_holds_copy(self) -> bool:
         return getattr(self.engine, "holds_weight_copy", True)

@@ -160,3 +160,30 @@ def test_two_process_fsdp_with_vllm_rollouts_matches_one_process(tmp_path, model
     _fit([f"output_dir={one}", *ONE_PROCESS, "rollout=vllm"], model_cache)
     _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", "rollout=vllm"], model_cache)
     _assert_same_steps(one, two)
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs,expected",
+    [
+        ({"precision": "32-true"}, torch.float32),
+        ({"precision": "bf16-mixed"}, torch.bfloat16),
+        ({"precision": "32-true", "strategy": "fsdp2_bf16"}, torch.bfloat16),
+        ({"precision": "32-true", "strategy": "fsdp2_fp32"}, torch.float32),
+    ],
+)
+def test_rollout_engine_computes_in_the_trainers_dtype(trainer_kwargs, expected, tmp_path, tiny_dir):
+    """vLLM is built in the dtype the trainer's forward runs in, not the fp32 master weights' dtype."""
+    import lightning
+    from transformers import AutoModelForCausalLM
+
+    from stare_lightning.module import STAREModule
+    from stare_lightning.strategies import FSDP2Strategy
+    from tests.test_fit import compose_run
+
+    kwargs = dict(trainer_kwargs, accelerator="cpu", devices=1, logger=False)
+    if "strategy" in kwargs:
+        kwargs["strategy"] = FSDP2Strategy(param_dtype="bfloat16" if kwargs["strategy"] == "fsdp2_bf16" else None)
+    module = STAREModule(compose_run(tmp_path), str(tiny_dir))
+    module.trainer = lightning.Trainer(**kwargs)
+    module.policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    assert module._compute_dtype() == expected

@@ -196,6 +196,40 @@ def test_sync_weights_after_training(engine, tokenizer, policy):
     assert _max_abs_diff(original, engine.generate(prompt, params)) < 1e-4
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_bf16_engine_follows_an_fp32_trainer(tiny_dir, tokenizer, policy):
+    """The GPU recipe's pairing: fp32 master weights synced into an engine that computes in bf16."""
+    _require_usable_vllm()
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    batch = torch.tensor([tokenizer.encode("the answer is 42.") + [tokenizer.eos_token_id]])
+    for _ in range(4):
+        policy(batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    policy.eval()
+    prompt, params = [tokenizer.encode("the answer is")], SamplingParams(n=8, max_new_tokens=12, seed=3)
+    engine = VLLMRolloutEngine(tiny_dir, dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=64 << 20)
+    try:
+        assert _max_abs_diff(policy, engine.generate(prompt, params)) > 0.5
+        engine.sync_weights(policy)  # fp32 tensors into bf16 parameters
+        synced = engine.generate(prompt, params)
+    finally:
+        engine.close()
+    diffs = [
+        (_trainer_logprobs(policy, p, r) - torch.tensor(lps)).abs()
+        for p, r, lps in zip(synced.prompt_ids, synced.response_ids, synced.response_logprobs)
+    ]
+    diffs = torch.cat(diffs)
+    # bf16 rounding of weights and activations: a few 1e-2 at most, far from the stale engine's > 0.5.
+    assert diffs.mean() < 0.015 and diffs.max() < 0.08, (float(diffs.mean()), float(diffs.max()))  # 0.004, 0.009 measured
+    assert diffs.max() > 1e-4, "identical to fp32: the engine did not run in bf16"
+
+
 def _sharded_worker(rank: int, world: int, tiny_dir: str):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard

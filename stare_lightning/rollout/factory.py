@@ -20,7 +20,12 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def build_engine(cfg: RolloutConfig, policy: torch.nn.Module, tokenizer, model_dir: str, *, seed: int = 0):
+def build_engine(
+    cfg: RolloutConfig, policy: torch.nn.Module, tokenizer, model_dir: str, *, seed: int = 0,
+    compute_dtype: torch.dtype | None = None,
+):
+    """``compute_dtype``: the dtype the trainer computes in (vLLM runs in it, so both see the same
+    numerics); by default the policy parameters' dtype."""
     backend = resolve_backend(cfg.backend)
     if backend == "hf":
         from stare_lightning.rollout.hf import HFRolloutEngine
@@ -28,7 +33,7 @@ def build_engine(cfg: RolloutConfig, policy: torch.nn.Module, tokenizer, model_d
         return HFRolloutEngine(policy, tokenizer)
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+    dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
     return VLLMRolloutEngine(
         model_dir,
         dtype=dtype,
