@@ -60,6 +60,18 @@ def _max_abs_diff(model, rollouts, temperature=1.0):
     return worst
 
 
+def _train_a_little(policy, tokenizer):
+    """Four large AdamW steps on one sentence: log-probs move far beyond any kernel noise."""
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    batch = torch.tensor([tokenizer.encode("the answer is 42.") + [tokenizer.eos_token_id]])
+    for _ in range(4):
+        policy(batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    policy.eval()
+
+
 def test_missing_vllm_error_says_how_to_install(tiny_dir):
     if vllm_import_error() is None:
         pytest.skip("vLLM imports here")
@@ -173,14 +185,7 @@ def test_agrees_with_hf_in_distribution(engine, tokenizer, policy):
 def test_sync_weights_after_training(engine, tokenizer, policy):
     """After a few large optimizer steps the engine only matches the trainer once weights are synced."""
     original = copy.deepcopy(policy)
-    policy.train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    batch = torch.tensor([tokenizer.encode("the answer is 42.") + [tokenizer.eos_token_id]])
-    for _ in range(4):
-        policy(batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    policy.eval()
+    _train_a_little(policy, tokenizer)
     prompt = [tokenizer.encode("the answer is")]
     params = SamplingParams(n=4, max_new_tokens=12, seed=3)
     try:
@@ -204,14 +209,7 @@ def test_bf16_engine_follows_an_fp32_trainer(tiny_dir, tokenizer, policy):
     _require_usable_vllm()
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    policy.train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    batch = torch.tensor([tokenizer.encode("the answer is 42.") + [tokenizer.eos_token_id]])
-    for _ in range(4):
-        policy(batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    policy.eval()
+    _train_a_little(policy, tokenizer)
     prompt, params = [tokenizer.encode("the answer is")], SamplingParams(n=8, max_new_tokens=12, seed=3)
     engine = VLLMRolloutEngine(tiny_dir, dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=64 << 20)
     try:
