@@ -3,7 +3,8 @@
 Lightning writes ``last`` at the end of training only when the run wrote no ``last`` before. A run whose
 ``max_steps`` is not a multiple of ``every_n_train_steps`` therefore ends with a ``last.ckpt`` from an
 earlier step: ``export`` would ship stale weights and a resume would redo the final steps. This subclass
-writes ``last`` once more when training ends past the step it last saved.
+writes ``last`` once more when training ends past the step it last saved. It calls ModelCheckpoint's own
+(private) save helpers, as its hooks do; ``tests/test_fsdp.py`` checks the final step lands in ``last.ckpt``.
 """
 
 from __future__ import annotations
