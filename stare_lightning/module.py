@@ -118,7 +118,7 @@ class STAREModule(LightningModule):
     def _compute_dtype(self) -> torch.dtype:
         """The dtype forward passes run in: FSDP2's param_dtype, Lightning's half precision, else the weights'."""
         mp_policy = getattr(self.trainer.strategy, "mixed_precision_policy", None)
-        if mp_policy is not None and mp_policy.param_dtype is not None:
+        if mp_policy is not None:
             return mp_policy.param_dtype
         precision = str(self.trainer.precision)
         if precision.startswith("bf16"):
@@ -334,12 +334,10 @@ class STAREModule(LightningModule):
 
     def _global_row_offset(self, num_rows: int) -> tuple[int, int]:
         """Where this rank's rows start in the global batch (ranks in order), and the global row count."""
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return 0, num_rows
-        counts = [torch.zeros(1, dtype=torch.long, device=self.device) for _ in range(dist.get_world_size())]
-        dist.all_gather(counts, torch.tensor([num_rows], dtype=torch.long, device=self.device))
-        counts = [int(c) for c in counts]
-        return sum(counts[: dist.get_rank()]), sum(counts)
+        counts = torch.zeros(max(self.trainer.world_size, 1), dtype=torch.long)
+        counts[self.global_rank] = num_rows
+        counts = self._all_reduce(counts, dist.ReduceOp.SUM).tolist()
+        return sum(counts[: self.global_rank]), sum(counts)
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
