@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
 
-.PHONY: install run test compare clean
+.PHONY: install run lint test compare clean
 
 install: $(VENV)/.installed
 
@@ -32,7 +32,12 @@ endif
 run: install
 	$(PY) -m stare_lightning fit
 
-test: install
+# Lint and formatting first (seconds), then every test.
+lint: install
+	$(VENV)/bin/ruff check stare_lightning tests benchmarks scripts
+	$(VENV)/bin/ruff format --check stare_lightning tests benchmarks scripts
+
+test: lint
 	$(PY) -m pytest -q -x -p no:cacheprovider $(PYTEST_ARGS)
 
 # GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task, then one PNG.

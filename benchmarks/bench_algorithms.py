@@ -72,6 +72,7 @@ def _mem_available() -> int:
 
 # ------------------------------------------------------------------ worker side
 
+
 def _naive_stats(logits, targets):
     import torch
 
@@ -114,10 +115,15 @@ def _worker_stats(args) -> dict:
         del lp, ent
     peak = _peak_bytes(reset_ok)
     return {
-        "variant": args.worker, "vocab": V, "tokens": B * T, "dtype": args.dtype,
+        "variant": args.worker,
+        "vocab": V,
+        "tokens": B * T,
+        "dtype": args.dtype,
         "input_mib": logits.numel() * logits.element_size() / MIB,
         "grad_mib": logits.grad.numel() * logits.grad.element_size() / MIB,
-        "extra_peak_mib": (peak - base) / MIB, "time_s": min(times), "peak_reset": reset_ok,
+        "extra_peak_mib": (peak - base) / MIB,
+        "time_s": min(times),
+        "peak_reset": reset_ok,
     }
 
 
@@ -171,18 +177,42 @@ def _worker_stare(args) -> dict:
     t_policy = timed(lambda: loss_only(weights), 30)
     t_full = timed(lambda: full_loss(weights), args.repeats)
     return {
-        "variant": "stare", "vocab": V, "tokens": B * T, "valid_tokens": int(mask.sum()),
-        "stare_ms": t_stare * 1e3, "policy_loss_ms": t_policy * 1e3, "full_loss_s": t_full,
-        "share_of_full_loss": t_stare / t_full, "share_of_policy_loss_only": t_stare / t_policy,
+        "variant": "stare",
+        "vocab": V,
+        "tokens": B * T,
+        "valid_tokens": int(mask.sum()),
+        "stare_ms": t_stare * 1e3,
+        "policy_loss_ms": t_policy * 1e3,
+        "full_loss_s": t_full,
+        "share_of_full_loss": t_stare / t_full,
+        "share_of_policy_loss_only": t_stare / t_policy,
     }
 
 
 # ------------------------------------------------------------------ driver side
 
+
 def _run_worker(variant: str, vocab: int, seq: int, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--vocab", str(vocab),
-           "--batch", str(args.batch), "--seq", str(seq), "--chunk", str(args.chunk), "--dtype", args.dtype,
-           "--threads", str(args.threads), "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--vocab",
+        str(vocab),
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(seq),
+        "--chunk",
+        str(args.chunk),
+        "--dtype",
+        args.dtype,
+        "--threads",
+        str(args.threads),
+        "--repeats",
+        str(args.repeats),
+    ]
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -207,8 +237,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--mem-fraction", type=float, default=0.6,
-                    help="largest share of MemAvailable a naive run may need before it is run on fewer tokens")
+    ap.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.6,
+        help="largest share of MemAvailable a naive run may need before it is run on fewer tokens",
+    )
     args = ap.parse_args()
 
     if args.worker is not None:
@@ -219,10 +253,14 @@ def main() -> None:
 
     elem = {"bfloat16": 2, "float16": 2, "float32": 4}[args.dtype]
     full_tokens = args.batch * args.seq
-    print(f"# {args.batch} x {args.seq} tokens, logits {args.dtype}, chunk {args.chunk}, "
-          f"{args.threads} thread(s), forward + backward through log-probs and entropy")
-    print(f"{'vocab':>7} {'variant':>8} {'tokens':>6} {'logits MiB':>10} {'grad MiB':>9} "
-          f"{'extra peak MiB':>14} {'extra - grad':>12} {'time s':>7}")
+    print(
+        f"# {args.batch} x {args.seq} tokens, logits {args.dtype}, chunk {args.chunk}, "
+        f"{args.threads} thread(s), forward + backward through log-probs and entropy"
+    )
+    print(
+        f"{'vocab':>7} {'variant':>8} {'tokens':>6} {'logits MiB':>10} {'grad MiB':>9} "
+        f"{'extra peak MiB':>14} {'extra - grad':>12} {'time s':>7}"
+    )
     chunked_times = {}
     for vocab in args.vocab:
         for variant in ("naive", "chunked"):
@@ -233,10 +271,18 @@ def main() -> None:
             r = _run_worker(variant, vocab, seq, args)
             scale = full_tokens / r["tokens"]
             extra_wo_grad = r["extra_peak_mib"] - r["grad_mib"]
-            note = "" if scale == 1 else (f"  (scaled to {full_tokens} tokens: extra - grad ~ "
-                                          f"{extra_wo_grad * scale:,.0f} MiB; did not fit here)")
-            print(f"{vocab:>7} {variant:>8} {r['tokens']:>6} {r['input_mib']:>10,.0f} {r['grad_mib']:>9,.0f} "
-                  f"{r['extra_peak_mib']:>14,.0f} {extra_wo_grad:>12,.0f} {r['time_s']:>7.2f}{note}")
+            note = (
+                ""
+                if scale == 1
+                else (
+                    f"  (scaled to {full_tokens} tokens: extra - grad ~ "
+                    f"{extra_wo_grad * scale:,.0f} MiB; did not fit here)"
+                )
+            )
+            print(
+                f"{vocab:>7} {variant:>8} {r['tokens']:>6} {r['input_mib']:>10,.0f} {r['grad_mib']:>9,.0f} "
+                f"{r['extra_peak_mib']:>14,.0f} {extra_wo_grad:>12,.0f} {r['time_s']:>7.2f}{note}"
+            )
             r["extra_wo_grad_full_mib"] = extra_wo_grad * scale
             r["time_full_s"] = r["time_s"] * scale
             if variant == "naive":
@@ -244,17 +290,23 @@ def main() -> None:
             else:
                 chunked_times[vocab] = r["time_s"]
                 ratio = naive["extra_wo_grad_full_mib"] / max(extra_wo_grad, 1e-9)
-                print(f"{'':>7} -> working memory (extra - grad) naive / chunked = {ratio:.1f}x; "
-                      f"time chunked / naive = {r['time_s'] / naive['time_full_s']:.2f}"
-                      + ("" if naive["tokens"] == full_tokens else " (naive time scaled linearly)"))
+                print(
+                    f"{'':>7} -> working memory (extra - grad) naive / chunked = {ratio:.1f}x; "
+                    f"time chunked / naive = {r['time_s'] / naive['time_full_s']:.2f}"
+                    + ("" if naive["tokens"] == full_tokens else " (naive time scaled linearly)")
+                )
     print()
-    print("# STARE weights (scope step, C2, P=0.1) against one loss computation "
-          "(chunked statistics + policy_loss, forward + backward)")
+    print(
+        "# STARE weights (scope step, C2, P=0.1) against one loss computation "
+        "(chunked statistics + policy_loss, forward + backward)"
+    )
     for vocab in args.vocab:
         r = _run_worker("stare", vocab, args.seq, args)
-        print(f"vocab {vocab}: {r['valid_tokens']} valid of {r['tokens']} tokens; STARE {r['stare_ms']:.2f} ms, "
-              f"full loss {r['full_loss_s']:.2f} s -> {100 * r['share_of_full_loss']:.3f}% of the loss; "
-              f"policy_loss alone {r['policy_loss_ms']:.2f} ms")
+        print(
+            f"vocab {vocab}: {r['valid_tokens']} valid of {r['tokens']} tokens; STARE {r['stare_ms']:.2f} ms, "
+            f"full loss {r['full_loss_s']:.2f} s -> {100 * r['share_of_full_loss']:.3f}% of the loss; "
+            f"policy_loss alone {r['policy_loss_ms']:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,16 @@ import torch  # noqa: E402
 from stare_lightning.models.registry import resolve_model  # noqa: E402
 from stare_lightning.rollout.base import SamplingParams  # noqa: E402
 
-TOPICS = ["the sea", "a city at night", "an old clock", "learning to cook", "a mountain village", "rain", "a robot", "winter"]
+TOPICS = [
+    "the sea",
+    "a city at night",
+    "an old clock",
+    "learning to cook",
+    "a mountain village",
+    "rain",
+    "a robot",
+    "winter",
+]
 
 
 def chat_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             engine = VLLMRolloutEngine(tiny_dir)
             tiny = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-            results["vllm_tiny"] = {"engine_start_s": engine.start_seconds, "sync": time_syncs(engine, tiny, args.sync_repeats)}
+            results["vllm_tiny"] = {
+                "engine_start_s": engine.start_seconds,
+                "sync": time_syncs(engine, tiny, args.sync_repeats),
+            }
             engine.close()
             print(f"vLLM tiny   : {results['vllm_tiny']}", flush=True)
 

@@ -1,13 +1,66 @@
-"""What each subcommand does with a composed config. Tests call these functions directly."""
+"""The subcommands: one table that the usage text and the dispatch both read, and what each does with a config.
+
+Light to import (``__main__`` reads the table before anything heavy loads): the schema, Hydra and the
+training code are imported inside the functions that need them. Tests call these functions directly;
+``compose`` builds the config the command line would, without a Hydra run.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-from stare_lightning.config.schema import RunConfig, to_run_config
+    from stare_lightning.config.schema import RunConfig
+
+# name -> ("module:function" called with the validated RunConfig, one line of help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "fit": ("stare_lightning.train:fit", "train (default: STARE-O1, built-in tiny model, countdown, offline)"),
+    "validate": ("stare_lightning.train:validate", "evaluate a checkpoint: ckpt_path=... (or the starting policy)"),
+    "sft": ("stare_lightning.train:prepare_model", "prepare the built-in tiny model's supervised cold start (cached)"),
+    "export": (
+        "stare_lightning.train:export",
+        "write a Hugging Face directory from a checkpoint: ckpt_path=... export_dir=...",
+    ),
+}
+
+
+def usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: python -m stare_lightning {" + ",".join(SUBCOMMANDS) + "} [key=value ...] [-m for sweeps]"]
+    lines += [f"  {name:<{width}}  {help_line}" for name, (_, help_line) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def config_dir() -> str:
+    """``conf/`` beside the package (editable install) or inside it (wheel)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"no conf/config.yaml next to {here}")
+
+
+def register_schema() -> None:
+    """Make ``RunConfig`` known to Hydra: ``conf/config.yaml`` names it as its first default."""
+    from stare_lightning.config.schema import register_schema as register
+
+    register()
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/config.yaml`` composed with these overrides, as ``python -m stare_lightning`` would (no Hydra run)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_schema()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
 
 
 def _hydra_output_dir() -> str | None:
@@ -18,6 +71,10 @@ def _hydra_output_dir() -> str | None:
 
 def prepare_config(cfg: DictConfig) -> tuple[DictConfig, RunConfig]:
     """Fill in the output directory and validate every group; nothing heavy has happened yet."""
+    from omegaconf import OmegaConf, open_dict
+
+    from stare_lightning.config.schema import to_run_config
+
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     with open_dict(cfg):
         if cfg.get("output_dir") is None:
@@ -36,17 +93,10 @@ def _relaunch_argv(subcommand: str, output_dir: str) -> None:
     sys.argv = [sys.argv[0], subcommand, *overrides, f"output_dir={output_dir}"]
 
 
-def run(subcommand: str, cfg: DictConfig):
+def run(subcommand: str, cfg: DictConfig) -> Any:
+    if subcommand not in SUBCOMMANDS:
+        raise ValueError(f"unknown subcommand {subcommand!r}; choose one of {list(SUBCOMMANDS)}")
     cfg, run_cfg = prepare_config(cfg)
     _relaunch_argv(subcommand, run_cfg.output_dir)
-    from stare_lightning import train
-
-    if subcommand == "fit":
-        return train.fit(run_cfg)
-    if subcommand == "validate":
-        return train.validate(run_cfg)
-    if subcommand == "sft":
-        return train.prepare_model(run_cfg)
-    if subcommand == "export":
-        return train.export(run_cfg)
-    raise ValueError(f"unknown subcommand {subcommand!r}")
+    module, _, function = SUBCOMMANDS[subcommand][0].partition(":")
+    return getattr(importlib.import_module(module), function)(run_cfg)

@@ -14,9 +14,9 @@ import yaml
 
 def _label(job_dir: Path) -> str:
     hparams = job_dir / "logs" / "hparams.yaml"
-    config = (yaml.safe_load(hparams.read_text()) or {}).get("config", {}) if hparams.is_file() else {}
-    algorithm = config.get("algorithm", {}).get("name", job_dir.name)
-    return f"{algorithm} (seed {config.get('seed', '?')})"
+    logged = (yaml.safe_load(hparams.read_text()) or {}) if hparams.is_file() else {}
+    algorithm = logged.get("algorithm", {}).get("name", job_dir.name)
+    return f"{algorithm} (seed {logged.get('seed', '?')})"
 
 
 def compare(sweep_dir: str | Path, out_png: str | Path | None = None, smooth: int = 10) -> Path:
@@ -43,8 +43,12 @@ def compare(sweep_dir: str | Path, out_png: str | Path | None = None, smooth: in
         for ax, (column, title, window) in zip(axes, panels):
             if column in frame:
                 series = frame[column].dropna()
-                ax.plot(series.index, series.rolling(window, min_periods=1).mean(), label=label,
-                        marker="o" if column.startswith("val/") else None)
+                ax.plot(
+                    series.index,
+                    series.rolling(window, min_periods=1).mean(),
+                    label=label,
+                    marker="o" if column.startswith("val/") else None,
+                )
             ax.set_title(title)
             ax.set_xlabel("step")
     axes[0].legend()

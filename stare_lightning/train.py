@@ -9,7 +9,6 @@ from pathlib import Path
 import lightning
 from transformers import AutoTokenizer
 
-from stare_lightning.checkpoint_io import SafeCheckpointIO
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
 from stare_lightning.config.schema import RunConfig
 from stare_lightning.data.datamodule import PromptDataModule
@@ -35,7 +34,9 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) ->
         datamodule.load_records()
     examples = sft_examples(datamodule.train_records)
     print(f"[cold start] supervised warm-up of {cfg.model.name_or_path} on {len(examples)} examples -> {target}")
-    return supervised_fine_tune(base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed)
+    return supervised_fine_tune(
+        base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed
+    )
 
 
 def build_trainer(cfg: RunConfig, **overrides) -> lightning.Trainer:
@@ -44,18 +45,17 @@ def build_trainer(cfg: RunConfig, **overrides) -> lightning.Trainer:
     if cfg.summary:
         from stare_lightning.callbacks import RunSummary
 
-        callbacks.append(RunSummary())
+        callbacks.append(RunSummary(name=cfg.algorithm.name))
     trainer_cfg = dict(cfg.trainer)
     trainer_cfg.update(overrides)
-    plugins = []
-    strategy = trainer_cfg.get("strategy")
-    target = strategy.get("_target_", "") if isinstance(strategy, dict) else str(strategy or "")
-    if not target.endswith(("ModelParallelStrategy", "FSDP2Strategy", "FSDPStrategy")):
-        # Sharded strategies write distributed checkpoints (a directory per checkpoint) through their own IO.
-        plugins.append(SafeCheckpointIO())
+    # Plugins (the checkpoint IO) come from the trainer config: conf/trainer/*.yaml choose them per strategy.
     return safe_instantiate(
-        trainer_cfg, callbacks=callbacks, logger=loggers or False, plugins=plugins or None,
-        extra_allowed=cfg.allowed_targets, where="trainer", _convert_="all",
+        trainer_cfg,
+        callbacks=callbacks,
+        logger=loggers or False,
+        extra_allowed=cfg.allowed_targets,
+        where="trainer",
+        _convert_="all",
     )
 
 
@@ -68,7 +68,7 @@ def _setup(cfg: RunConfig):
     datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     from stare_lightning.module import STAREModule
 
-    return STAREModule(cfg, str(model_dir)), datamodule
+    return STAREModule.from_config(cfg, str(model_dir)), datamodule
 
 
 def _checkpoint_path(cfg: RunConfig) -> str | None:

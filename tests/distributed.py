@@ -15,13 +15,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def run_on_ranks(fn: Callable[..., Any], tmp_path: Path, *args: Any, world: int = 2,
-                 start_method: str = "spawn") -> dict[int, Any]:
+def run_on_ranks(
+    fn: Callable[..., Any], tmp_path: Path, *args: Any, world: int = 2, start_method: str = "spawn"
+) -> dict[int, Any]:
     """``{rank: fn(rank, world, *args)}``; a failure on any rank fails the call with that rank's traceback."""
     results = mp.Manager().dict()
     init_file = str(Path(tmp_path) / f"pg_init_{fn.__name__}")
-    mp.start_processes(_rank_entry, args=(world, init_file, fn, args, results), nprocs=world, join=True,
-                       start_method=start_method)
+    mp.start_processes(
+        _rank_entry, args=(world, init_file, fn, args, results), nprocs=world, join=True, start_method=start_method
+    )
     return dict(results)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from stare_lightning.algorithms import AlgorithmConfig, STAREController, StareConfig
+from stare_lightning.algorithms import AlgorithmConfig, StareConfig, STAREController
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
 
@@ -15,18 +15,38 @@ def test_defaults_follow_the_method_doc():
     s = StareConfig()
     assert (s.enabled, s.variant, s.top_ratio, s.w, s.m, s.target_entropy) == (False, "O1", 0.1, 1.1, 0.9, 0.3)
     assert (s.selector, s.scope, s.surprisal_source, s.adaptive, s.timing) == (
-        "surprisal", "step", "current", False, "next_step")
+        "surprisal",
+        "step",
+        "current",
+        False,
+        "next_step",
+    )
     a = AlgorithmConfig()
     assert a.clip_eps_low == 0.2 and a.loss_agg == "token-mean" and a.kl_estimator == "k3"
     assert isinstance(a.stare, StareConfig)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("variant", "O3"), ("top_ratio", 1.5), ("top_ratio", -0.1), ("w", 0.0), ("m", -1.0),
-    ("target_entropy", -0.1), ("selector", "entropy"), ("scope", "batch"), ("surprisal_source", "ref"),
-    ("alpha", -0.1), ("w_max", 0.5), ("m_min", 0.0), ("m_min", 1.5), ("timing", "now"), ("enabled", "yes"),
-    ("w", float("nan")),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("variant", "O3"),
+        ("top_ratio", 1.5),
+        ("top_ratio", -0.1),
+        ("w", 0.0),
+        ("m", -1.0),
+        ("target_entropy", -0.1),
+        ("selector", "entropy"),
+        ("scope", "batch"),
+        ("surprisal_source", "ref"),
+        ("alpha", -0.1),
+        ("w_max", 0.5),
+        ("m_min", 0.0),
+        ("m_min", 1.5),
+        ("timing", "now"),
+        ("enabled", "yes"),
+        ("w", float("nan")),
+    ],
+)
 def test_stare_config_rejects(key, value):
     with pytest.raises(ValueError, match=f"stare.{key}={value!r}"):
         StareConfig(**{key: value})
@@ -40,18 +60,68 @@ def test_stare_adaptive_bounds():
     StareConfig(adaptive=True, w=1.5, m=0.5)
 
 
-@pytest.mark.parametrize("key, value", [
-    ("name", ""), ("advantage", "ppo"), ("adv_eps", -1.0), ("clip_eps_low", 1.5), ("clip_eps_high", -0.1),
-    ("dual_clip_c", 1.0), ("loss_agg", "sum"), ("kl_coef", -0.1), ("kl_estimator", "k4"),
-    ("entropy_coef", -1.0), ("entropy_target", -0.5), ("entropy_coef_lr", -1.0), ("entropy_control", "cov"),
-    ("clip_cov_ratio", 0.0), ("kl_cov_ratio", 2.0), ("kl_cov_coef", -1.0), ("top_entropy_fraction", 0.0),
-    ("max_generation_batches", 0), ("overlong_buffer", -1), ("overlong_buffer", 2.5),
-    ("overlong_penalty_factor", -1.0), ("ppo_epochs", 0), ("mini_batches", 0), ("dynamic_sampling", 1),
-    ("ppo_epochs", True),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("name", ""),
+        ("advantage", "ppo"),
+        ("adv_eps", -1.0),
+        ("clip_eps_low", 1.5),
+        ("clip_eps_high", -0.1),
+        ("dual_clip_c", 1.0),
+        ("loss_agg", "sum"),
+        ("kl_coef", -0.1),
+        ("kl_estimator", "k4"),
+        ("entropy_coef", -1.0),
+        ("entropy_target", -0.5),
+        ("entropy_coef_lr", -1.0),
+        ("entropy_control", "cov"),
+        ("clip_cov_ratio", 0.0),
+        ("kl_cov_ratio", 2.0),
+        ("kl_cov_coef", -1.0),
+        ("top_entropy_fraction", 0.0),
+        ("max_generation_batches", 0),
+        ("overlong_buffer", -1),
+        ("overlong_buffer", 2.5),
+        ("overlong_penalty_factor", -1.0),
+        ("ppo_epochs", 0),
+        ("mini_batches", 0),
+        ("dynamic_sampling", 1),
+        ("ppo_epochs", True),
+        ("clip_eps_low", float("nan")),
+        ("clip_eps_high", float("inf")),
+        ("dual_clip_c", float("inf")),
+        ("clip_cov_lb", float("-inf")),
+        ("clip_cov_ub", float("inf")),
+        ("kl_cov_coef", float("inf")),
+        ("top_entropy_fraction", 1.5),
+        ("entropy_coef_max", -0.1),
+        ("mismatch_correction", "geometric"),
+        ("mismatch_mode", "clip"),
+        ("mismatch_cap", 0.0),
+        ("mismatch_cap", float("nan")),
+    ],
+)
 def test_algorithm_config_rejects(key, value):
     with pytest.raises(ValueError, match=f"{key}={value!r}"):
         AlgorithmConfig(**{key: value})
+
+
+def test_messages_name_the_full_key_and_what_is_allowed():
+    with pytest.raises(
+        ValueError,
+        match=r"^algorithm\.stare\.top_ratio=1\.5 is out of range: must be a number in "
+        r"\[0\.0, 1\.0\]$",
+    ):
+        StareConfig(top_ratio=1.5)
+    with pytest.raises(
+        ValueError,
+        match=r"^algorithm\.mismatch_mode='clip' is not allowed: choose one of "
+        r"\['truncate', 'mask'\]$",
+    ):
+        AlgorithmConfig(mismatch_mode="clip")
+    with pytest.raises(ValueError, match=r"^algorithm\.mismatch_cap=0\.0 is out of range: must be a number > 0\.0$"):
+        AlgorithmConfig(mismatch_cap=0.0)
 
 
 def test_cross_field_checks():
@@ -76,6 +146,8 @@ def test_nested_mapping_and_derived_methods():
     assert AlgorithmConfig(entropy_control="top_entropy").needs_entropy()
     assert AlgorithmConfig(entropy_target=0.3).uses_adaptive_entropy_coef()
     assert AlgorithmConfig(overlong_buffer=4).uses_overlong_penalty()
+    assert not plain.uses_mismatch_correction()
+    assert AlgorithmConfig(mismatch_correction="sequence", mismatch_mode="mask").uses_mismatch_correction()
     ctrl = StareConfig(adaptive=True, alpha=0.02, timing="same_step").make_controller()
     assert isinstance(ctrl, STAREController) and ctrl.alpha == 0.02 and ctrl.timing == "same_step"
 
@@ -96,9 +168,14 @@ def test_omegaconf_structured_round_trip_validates():
 
 @pytest.mark.skipif(not CONF_DIR.is_dir(), reason="no conf/algorithm directory")
 def test_shipped_algorithm_configs_validate():
+    # The files inherit from each other through Hydra defaults lists, so compose them as Hydra does.
+    from hydra import compose, initialize_config_dir
+
     files = sorted(CONF_DIR.glob("*.yaml"))
     assert files
-    for path in files:
-        cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), OmegaConf.load(path))
-        obj = OmegaConf.to_object(cfg)
-        assert isinstance(obj, AlgorithmConfig), path
+    with initialize_config_dir(config_dir=str(CONF_DIR.parent), version_base="1.3"):
+        for path in files:
+            composed = compose(f"algorithm/{path.stem}")
+            cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), composed.algorithm)
+            obj = OmegaConf.to_object(cfg)
+            assert isinstance(obj, AlgorithmConfig) and obj.name == path.stem, path

@@ -20,8 +20,11 @@ def batch(seed, B=6, T=12, adv_1d=True):
     old = lp + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     mask = torch.rand(B, T, generator=g) > 0.25
     mask[2] = False
-    adv = (torch.randn(B, generator=g, dtype=torch.float64) * 3 if adv_1d
-           else torch.randn(B, T, generator=g, dtype=torch.float64) * 3)
+    adv = (
+        torch.randn(B, generator=g, dtype=torch.float64) * 3
+        if adv_1d
+        else torch.randn(B, T, generator=g, dtype=torch.float64) * 3
+    )
     return lp, old, adv, mask
 
 
@@ -58,8 +61,9 @@ def test_clip_cov_mask_draws_from_the_band(ratio):
     out = clip_cov_mask(lp, adv, mask, clip_ratio=ratio, lb=lb, ub=ub, exclude=exclude, generator=g)
     chosen = {tuple(x) for x in out.nonzero().tolist()}
     assert chosen <= eligible and len(chosen) == want_n
-    again = clip_cov_mask(lp, adv, mask, clip_ratio=ratio, lb=lb, ub=ub, exclude=exclude,
-                          generator=torch.Generator().manual_seed(3))
+    again = clip_cov_mask(
+        lp, adv, mask, clip_ratio=ratio, lb=lb, ub=ub, exclude=exclude, generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(out, again)
 
 
@@ -123,18 +127,19 @@ def test_adaptive_entropy_coefficient():
     assert d.state_dict() == c.state_dict() and d.update(0.1) == c.update(0.1)
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda lp, o, a, m: clip_cov_mask(lp, a, m, clip_ratio=0.0), "clip_ratio"),
-    (lambda lp, o, a, m: clip_cov_mask(lp, a, m, lb=2.0, ub=1.0), "lb"),
-    (lambda lp, o, a, m: kl_cov_penalty(lp, o, a, m, kl_cov_ratio=1.5), "kl_cov_ratio"),
-    (lambda lp, o, a, m: kl_cov_penalty(lp, o, a, m, coef=-1.0), "coef"),
-    (lambda lp, o, a, m: top_entropy_mask(lp, m, 0.0), "top_fraction"),
-    (lambda lp, o, a, m: AdaptiveEntropyCoefficient(-1.0, 0.0, 0.1), "target"),
-    (lambda lp, o, a, m: AdaptiveEntropyCoefficient(0.3, 0.5, 0.1, max_coef=0.1), "init_coef"),
-    (lambda lp, o, a, m: AdaptiveEntropyCoefficient(0.3, 0.0, -0.1), "lr"),
-    (lambda lp, o, a, m: AdaptiveEntropyCoefficient(0.3, 0.0, 0.1, min_coef=0.2, max_coef=0.1), "max_coef"),
-])
-def test_value_errors(call, name):
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda lp, o, a, m: token_covariance(lp[0], a, m[0]), "logprobs"),
+        (lambda lp, o, a, m: clip_cov_mask(lp, a, m[:, :-1]), "mask"),
+        (lambda lp, o, a, m: clip_cov_mask(lp, a, m, exclude=m[:, :-1]), "exclude"),
+        (lambda lp, o, a, m: kl_cov_penalty(lp, o[:, :-1], a, m), "old_logprobs"),
+        (lambda lp, o, a, m: kl_cov_penalty(lp, o, a[:-1], m), "advantages"),
+        (lambda lp, o, a, m: top_entropy_mask(lp, m[:, :-1]), "mask"),
+    ],
+)
+def test_shape_errors(call, name):
+    # Scalar settings (ratios, bounds, coefficients) are checked by AlgorithmConfig (tests/test_algorithms_config.py).
     lp, old, adv, mask = batch(6)
     with pytest.raises(ValueError, match=name):
         call(lp, old, adv, mask)

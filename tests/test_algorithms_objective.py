@@ -101,6 +101,7 @@ def test_kl_and_entropy_terms(mode):
             rows = [q[b][mask[b]].mean() for b in range(q.shape[0]) if mask[b].any()]
             return sum(rows) / len(rows)
         return q[mask].sum() / (mask.any(-1).sum() * 10)
+
     want = base + 0.3 * agg(kl_tok) - 0.05 * agg(ent)
     assert loss.item() == pytest.approx(want.item(), rel=1e-12)
     assert stats["kl_sum"].item() == pytest.approx(kl_tok[mask].sum().item(), rel=1e-6)
@@ -133,9 +134,17 @@ def test_micro_batches_with_global_counts_equal_one_batch(mode):
     total, sums = torch.zeros(()), {}
     for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):
         t_i = max(int(mask[rows].sum(-1).max()), 1)
-        part, stats = policy_loss(y[rows, :t_i], old[rows, :t_i], adv[rows], mask[rows, :t_i], cfg, norm,
-                                  token_weights=weights[rows, :t_i], ref_logprobs=ref[rows, :t_i],
-                                  entropy=ent[rows, :t_i])
+        part, stats = policy_loss(
+            y[rows, :t_i],
+            old[rows, :t_i],
+            adv[rows],
+            mask[rows, :t_i],
+            cfg,
+            norm,
+            token_weights=weights[rows, :t_i],
+            ref_logprobs=ref[rows, :t_i],
+            entropy=ent[rows, :t_i],
+        )
         total = total + part
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v
@@ -174,7 +183,7 @@ def test_clip_cov_detaches_gradients_but_keeps_value():
     base, _ = policy_loss(base_x, old, adv, mask, AlgorithmConfig(), norm)
     base.backward()
     assert loss.item() == pytest.approx(base.item(), rel=1e-12)
-    changed = (x.grad != base_x.grad)
+    changed = x.grad != base_x.grad
     assert changed.sum().item() == stats["controlled"].item() == max(1, int(0.2 * mask.sum().item()))
     assert (x.grad[changed] == 0).all()
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from stare_lightning.algorithms import gather_variable_length, stare_weights_for_scope
+from stare_lightning.algorithms import stare_weights_for_scope
+from stare_lightning.distributed import gather_variable_length
 from tests.distributed import run_on_ranks
 
 pytestmark = pytest.mark.slow
@@ -45,8 +46,9 @@ def _worker(rank, world):
         pk = dict(kwargs)
         if "sensitivity" in pk:
             pk["sensitivity"] = [sens[s] for s in parts]
-        ws, _ = stare_weights_for_scope([lp[s] for s in parts], [adv[s] for s in parts],
-                                        [mask[s] for s in parts], scope="step", **pk)
+        ws, _ = stare_weights_for_scope(
+            [lp[s] for s in parts], [adv[s] for s in parts], [mask[s] for s in parts], scope="step", **pk
+        )
         results[f"wparts{i}"] = torch.cat(ws, 0)
     for n0, n1 in ((4, 0), (0, 0), (1, 3)):
         n = (n0, n1)[rank]

@@ -136,8 +136,12 @@ def test_hidden_matches_logits_values_and_grads(chunk):
     logits = h2[:, :-1] @ W2.t()
     ref = token_stats_from_logits(logits, targets, chunk_size=chunk, temperature=0.8, with_sensitivity=True)
     ((ref.logprobs * w_lp).sum() + (ref.entropy * w_ent).sum()).backward()
-    for a, b in ((st.logprobs, ref.logprobs), (st.entropy, ref.entropy), (st.sum_p2, ref.sum_p2),
-                 (st.sum_p2_logp, ref.sum_p2_logp)):
+    for a, b in (
+        (st.logprobs, ref.logprobs),
+        (st.entropy, ref.entropy),
+        (st.sum_p2, ref.sum_p2),
+        (st.sum_p2_logp, ref.sum_p2_logp),
+    ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(h.grad, h2.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(W.grad, W2.grad, rtol=1e-5, atol=1e-6)
@@ -159,18 +163,6 @@ def test_hidden_gradcheck_float64():
 def test_empty_batch():
     st = token_stats_from_logits(torch.zeros(0, 5, 7, requires_grad=True), torch.zeros(0, 5, dtype=torch.long))
     assert st.logprobs.shape == (0, 5)
-
-
-@pytest.mark.parametrize("kwargs, name", [
-    ({"temperature": 0.0}, "temperature"),
-    ({"temperature": -1.0}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"chunk_size": 0}, "chunk_size"),
-    ({"chunk_size": 2.5}, "chunk_size"),
-])
-def test_value_errors(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        token_stats_from_logits(torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long), **kwargs)
 
 
 def test_bad_targets_and_shapes():

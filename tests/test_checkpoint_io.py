@@ -9,7 +9,7 @@ import torch
 SCRIPT = textwrap.dedent(
     """
     import resource, signal, sys, torch
-    from stare_lightning.checkpoint_io import CheckpointWriteError, SafeCheckpointIO
+    from stare_lightning.trainer import CheckpointWriteError, SafeCheckpointIO
 
     path = sys.argv[1]
     io = SafeCheckpointIO()
@@ -38,21 +38,23 @@ def test_failed_write_is_reported_and_keeps_the_previous_checkpoint(tmp_path):
 
 
 def test_trainer_uses_the_safe_checkpoint_io(tmp_path):
-    from hydra import compose, initialize_config_dir
-
-    from stare_lightning.__main__ import config_dir
-    from stare_lightning.checkpoint_io import SafeCheckpointIO
-    from stare_lightning.cli import prepare_config
+    # The plugin comes from conf/trainer/cpu.yaml (so also gpu and ddp, which inherit it); fsdp sets none.
+    from stare_lightning.cli import compose, prepare_config
     from stare_lightning.train import build_trainer
+    from stare_lightning.trainer import SafeCheckpointIO
 
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=[f"output_dir={tmp_path}", "callbacks=minimal", "logger=[csv]"])
+    cfg = compose([f"output_dir={tmp_path}", "callbacks=minimal", "logger=[csv]"])
     trainer = build_trainer(prepare_config(cfg)[1])
     assert isinstance(trainer.strategy.checkpoint_io, SafeCheckpointIO)
+    for option in ("gpu", "ddp"):
+        assert prepare_config(compose([f"output_dir={tmp_path}", f"trainer={option}"]))[1].trainer["plugins"] == [
+            {"_target_": "stare_lightning.trainer.SafeCheckpointIO"}
+        ]
+    assert prepare_config(compose([f"output_dir={tmp_path}", "trainer=fsdp"]))[1].trainer["plugins"] is None
 
 
 def test_csv_logger_appends_to_an_earlier_runs_metrics(tmp_path):
-    from stare_lightning.loggers import ResumableCSVLogger
+    from stare_lightning.trainer import ResumableCSVLogger
 
     first = ResumableCSVLogger(tmp_path, name="logs", version="")
     first.log_metrics({"train/entropy": 0.5}, step=0)

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from stare_lightning.__main__ import config_dir
-from stare_lightning.cli import prepare_config
+from stare_lightning.cli import compose, config_dir, prepare_config
 from stare_lightning.config.instantiate import DisallowedTargetError, instantiate_collection, safe_instantiate
 
 CONF = Path(config_dir())
@@ -17,9 +15,7 @@ GROUPS = ["model", "data", "algorithm", "rollout", "trainer", "callbacks", "logg
 
 
 def compose_run(tmp_path, overrides=()):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"output_dir={tmp_path}", *overrides])
-    return prepare_config(cfg)
+    return prepare_config(compose([f"output_dir={tmp_path}", *overrides]))
 
 
 def group_options():
@@ -51,8 +47,16 @@ def test_algorithm_names_match_files(tmp_path, option):
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "trainer").glob("*.yaml")))
 def test_trainer_instantiates(tmp_path, option):
-    _, run = compose_run(tmp_path, [f"trainer={option}", "trainer.accelerator=cpu", "trainer.devices=1",
-                                    "trainer.precision=32-true", "logger=[csv]"])
+    _, run = compose_run(
+        tmp_path,
+        [
+            f"trainer={option}",
+            "trainer.accelerator=cpu",
+            "trainer.devices=1",
+            "trainer.precision=32-true",
+            "logger=[csv]",
+        ],
+    )
     trainer_cfg = dict(run.trainer)
     if option == "fsdp":  # ModelParallelStrategy needs torch.distributed set up at construction: check the target only
         trainer_cfg.pop("strategy")
@@ -103,6 +107,13 @@ def test_paper_recipe_matches_the_method_doc(tmp_path):
         ("model.dtype=int8", "model.dtype"),
         ("algorithm.stare.w=-1", "w"),
         ("rollout.n=abc", "rollout.n"),
+        ("rollout.n=1", "rollout.n=1"),
+        ("rollout.top_k=-1", "rollout.top_k=-1"),
+        ("algorithm.mismatch_correction=geometric", "algorithm.mismatch_correction='geometric'"),
+        ("algorithm.mismatch_cap=0", "algorithm.mismatch_cap=0.0"),
+        ("optim.min_lr_ratio=2", "optim.min_lr_ratio=2.0"),
+        ("model.cold_start.batch_size=0", "model.cold_start.batch_size=0"),
+        ("validation.pass_k=[0]", "validation.pass_k[0]=0"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, override, needle):
@@ -115,6 +126,30 @@ def test_unknown_key_is_rejected(tmp_path):
     with pytest.raises(Exception) as info:
         compose_run(tmp_path, ["+algorithm.stare.wieght=2.0"])
     assert "wieght" in str(info.value)
+    with pytest.raises(Exception) as info:  # moved to algorithm.mismatch_correction
+        compose_run(tmp_path, ["+rollout.mismatch_correction=token"])
+    assert "mismatch_correction" in str(info.value)
+
+
+def test_mismatch_correction_is_an_algorithm_setting(tmp_path):
+    _, run = compose_run(
+        tmp_path,
+        ["algorithm.mismatch_correction=sequence", "algorithm.mismatch_mode=mask", "algorithm.mismatch_cap=3.0"],
+    )
+    alg = run.algorithm
+    assert (alg.mismatch_correction, alg.mismatch_mode, alg.mismatch_cap) == ("sequence", "mask", 3.0)
+    assert alg.uses_mismatch_correction()
+
+
+def test_one_table_of_subcommands():
+    from stare_lightning import cli
+
+    text = cli.usage()
+    for name, (target, help_line) in cli.SUBCOMMANDS.items():
+        assert f"  {name}" in text and help_line in text
+        assert target.startswith("stare_lightning.") and ":" in target
+    with pytest.raises(ValueError, match="unknown subcommand 'train'"):
+        cli.run("train", OmegaConf.create({}))
 
 
 def test_allow_list_refuses_arbitrary_targets():
@@ -127,3 +162,45 @@ def test_allow_list_refuses_arbitrary_targets():
     with pytest.raises(DisallowedTargetError):
         safe_instantiate(nested)
     assert safe_instantiate(nested, extra_allowed=["collections."]) is not None
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda c: c.choice("a.b", "x", ("y", None)), r"^a\.b='x' is not allowed: choose one of \['y', null\]$"),
+        (lambda c: c.flag("a.b", 1), r"^a\.b=1 is not allowed: must be true or false$"),
+        (lambda c: c.text("a.b", ""), r"^a\.b='' is not allowed: must be a non-empty string$"),
+        (
+            lambda c: c.number("a.b", 1.5, low=0.0, high=1.0),
+            r"^a\.b=1\.5 is out of range: must be a number in \[0\.0, 1\.0\]$",
+        ),
+        (
+            lambda c: c.number("a.b", 1.0, high=1.0, high_open=True),
+            r"^a\.b=1\.0 is out of range: must be a number < 1\.0$",
+        ),
+        (
+            lambda c: c.number("a.b", 0, low=0, low_open=True, integer=True),
+            r"^a\.b=0 is out of range: must be an integer > 0$",
+        ),
+        (lambda c: c.number("a.b", 2.0, low=1, integer=True), r"^a\.b=2\.0 is not allowed: must be an integer >= 1$"),
+        (lambda c: c.number("a.b", True, low=0), r"^a\.b=True is not allowed"),
+        (lambda c: c.number("a.b", "1"), r"^a\.b='1' is not allowed: must be a finite number$"),
+        (lambda c: c.number("a.b", float("nan"), allow_inf=True), r"^a\.b=nan is not allowed"),
+        (lambda c: c.number("a.b", float("inf"), low=0.0), r"^a\.b=inf is not allowed: must be a number >= 0\.0$"),
+    ],
+)
+def test_checks_name_the_key_the_value_and_what_is_allowed(call, message):
+    from stare_lightning.config import checks
+
+    with pytest.raises(ValueError, match=message):
+        call(checks)
+
+
+def test_checks_accept_good_values():
+    from stare_lightning.config import checks
+
+    checks.choice("a", None, ("x", None))
+    checks.flag("a", False)
+    checks.number("a", float("inf"), low=0.0, allow_inf=True)
+    checks.number("a", 1, low=1, integer=True)
+    checks.number("a", 1, low=0.0, high=1.0)  # an int where a float belongs is fine

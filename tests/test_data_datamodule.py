@@ -28,8 +28,9 @@ def char_tokenizer(chat_template=None):
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
     if chat_template:
         tok.chat_template = chat_template
     return tok
@@ -58,18 +59,22 @@ def ids(batch):
 @pytest.mark.parametrize(
     "kwargs, pattern",
     [
-        ({"task": "sudoku"}, r"data\.task must be one of \['arithmetic', 'countdown'\]"),
+        ({"task": "sudoku"}, r"data\.task='sudoku' is not allowed: choose one of \['arithmetic', 'countdown', null\]"),
         ({"train_files": ["a.jsonl"]}, "set data.task=null"),
         ({"task": None}, "train_files must list"),
-        ({"prompt_style": "chat"}, r"prompt_style must be one of \['plain', 'instruct'\]"),
-        ({"prompts_per_step": 0}, "prompts_per_step must be >= 1"),
-        ({"train_size": True}, "train_size must be an int"),
+        ({"prompt_style": "chat"}, r"data\.prompt_style='chat' is not allowed: choose one of \['plain', 'instruct'\]"),
+        ({"prompts_per_step": 0}, r"data\.prompts_per_step=0 is out of range: must be an integer >= 1"),
+        ({"train_size": True}, r"data\.train_size=True is not allowed: must be an integer >= 1"),
         ({"task_kwargs": {"num_number": 4}}, r"unknown keys \['num_number'\] for task 'countdown'"),
         ({"task_kwargs": {"num_numbers": 9}}, r"num_numbers must be in 2\.\.5"),
         ({"default_verifier": "nope"}, "data.default_verifier: unknown verifier 'nope'; known verifiers: countdown"),
         ({"user_verifiers": ["os:system"]}, "standard library"),
-        ({"task": None, "train_files": ["x.jsonl"], "columns": {"question": "q"}},
-         r"unknown schema keys \['question'\]"),
+        (
+            {"task": None, "train_files": ["x.jsonl"], "columns": {"question": "q"}},
+            r"unknown schema keys \['question'\]",
+        ),
+        ({"task": None, "train_files": ["x.jsonl", ""]}, r"data\.train_files\[1\]='' is not allowed"),
+        ({"val_split": ""}, r"data\.val_split='' is not allowed: must be a non-empty string"),
     ],
 )
 def test_config_errors(kwargs, pattern):
@@ -120,8 +125,10 @@ def test_more_prompts_are_disjoint_across_ranks_and_reproducible(tok):
     assert ids(dms[1].more_prompts(4, step=7, attempt=2)) != draws[1]
     assert ids(dms[1].more_prompts(4, step=8, attempt=1)) != draws[1]
     # Fewer records than count x world: equal, smaller, still disjoint shares.
-    small = [ids(make_dm(tok, rank=r, world_size=3, train_size=8, prompts_per_step=2).more_prompts(4, step=0, attempt=1))
-             for r in range(3)]
+    small = [
+        ids(make_dm(tok, rank=r, world_size=3, train_size=8, prompts_per_step=2).more_prompts(4, step=0, attempt=1))
+        for r in range(3)
+    ]
     assert [len(d) for d in small] == [2, 2, 2] and len(set().union(*small)) == 6
 
 
@@ -246,9 +253,17 @@ def test_resume_through_a_lightning_checkpoint(tok, tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def fit(max_steps, ckpt_path=None):
-        trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                            limit_val_batches=0)
+        trainer = L.Trainer(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
         model, dm = Recorder(), PromptDataModule(DataConfig(train_size=40, prompts_per_step=4), tok)
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
         return trainer, model, dm

@@ -12,8 +12,13 @@ ROWS = [
     {"id": "a", "prompt": "What is 2+2?", "answer": "4", "verifier": "numeric"},
     {"id": "b", "messages": [{"role": "user", "content": "Name a prime."}], "answer": "2", "verifier": "exact"},
     {"prompt": "Compute 1/2.", "answer": 0.5, "verifier": "math", "metadata": {"level": 1}, "source": "x"},
-    {"id": 7, "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3 5 7 -> 22:"}],
-     "answer": "22", "verifier": "countdown", "metadata": {"numbers": [3, 5, 7], "target": 22}},
+    {
+        "id": 7,
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3 5 7 -> 22:"}],
+        "answer": "22",
+        "verifier": "countdown",
+        "metadata": {"numbers": [3, 5, 7], "target": 22},
+    },
 ]
 
 
@@ -43,7 +48,7 @@ def check_rows(records, label):
 
 
 def test_jsonl(tmp_path):
-    records = load_records(write_jsonl(tmp_path / "data.jsonl", ROWS[:2], raw_lines=["", "   "]) )
+    records = load_records(write_jsonl(tmp_path / "data.jsonl", ROWS[:2], raw_lines=["", "   "]))
     assert len(records) == 2  # blank lines are skipped
     records = load_records(write_jsonl(tmp_path / "all.jsonl", ROWS))
     check_rows(records, "all.jsonl")
@@ -60,12 +65,30 @@ def test_json(tmp_path):
 
 def test_parquet(tmp_path):
     rows = [
-        {"id": "a", "prompt": "What is 2+2?", "messages": None, "answer": "4", "verifier": "numeric",
-         "metadata": {"numbers": None, "target": None}},
-        {"id": "b", "prompt": None, "messages": [{"role": "user", "content": "Name a prime."}], "answer": "2",
-         "verifier": "exact", "metadata": {"numbers": None, "target": None}},
-        {"id": None, "prompt": "3 5 7 -> 22:", "messages": None, "answer": "22", "verifier": "countdown",
-         "metadata": {"numbers": [3, 5, 7], "target": 22}},
+        {
+            "id": "a",
+            "prompt": "What is 2+2?",
+            "messages": None,
+            "answer": "4",
+            "verifier": "numeric",
+            "metadata": {"numbers": None, "target": None},
+        },
+        {
+            "id": "b",
+            "prompt": None,
+            "messages": [{"role": "user", "content": "Name a prime."}],
+            "answer": "2",
+            "verifier": "exact",
+            "metadata": {"numbers": None, "target": None},
+        },
+        {
+            "id": None,
+            "prompt": "3 5 7 -> 22:",
+            "messages": None,
+            "answer": "22",
+            "verifier": "countdown",
+            "metadata": {"numbers": [3, 5, 7], "target": 22},
+        },
     ]
     records = load_records(write_parquet(tmp_path / "all.parquet", rows))
     assert [r.id for r in records] == ["a", "b", "all.parquet:2"]  # 0-based row index
@@ -147,8 +170,10 @@ def test_missing_answer_in_json_and_parquet_names_item_and_row(tmp_path):
     [
         ({"answer": "1"}, "missing required key 'prompt'"),
         ({"prompt": "   ", "answer": "1"}, "'prompt' must be a non-empty string"),
-        ({"prompt": "p", "messages": [{"role": "user", "content": "p"}], "answer": "1"},
-         "both 'prompt' and 'messages'"),
+        (
+            {"prompt": "p", "messages": [{"role": "user", "content": "p"}], "answer": "1"},
+            "both 'prompt' and 'messages'",
+        ),
         ({"messages": [{"role": "user"}], "answer": "1"}, r"messages\[0\] needs a string 'content'"),
         ({"prompt": "p", "answer": ""}, "'answer' is empty"),
         ({"prompt": "p", "answer": ["1", "2"]}, "'answer' must be a string or a number"),

@@ -76,6 +76,7 @@ def test_countdown_solutions_are_correct_and_plentiful(cd_train, cd_val):
         assert meta["solution"] in all_solutions
     mean = statistics.mean(r.metadata["num_solutions"] for r in cd_train)
     assert mean > 5.0  # measured: 5.28 distinct solution strings per prompt
+
     # solutions are drawn at random among the correct ones, not always the first in sorted order
     def first_in_order(r):
         return countdown.solutions(tuple(sorted(r.metadata["numbers"])), "+-*")[r.metadata["target"]][0]

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from stare_lightning.__main__ import config_dir
-from stare_lightning.cli import prepare_config
+from stare_lightning.cli import compose, prepare_config
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def compose_run(output_dir, overrides=()):
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=[f"output_dir={output_dir}", *FAST, *overrides])
-    return prepare_config(cfg)[1]
+    return prepare_config(compose([f"output_dir={output_dir}", *FAST, *overrides]))[1]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -42,16 +38,40 @@ def train_rows(rows):
 
 def run_cli(args, env_cache, timeout=600, **kwargs):
     env = {**os.environ, "STARE_LIGHTNING_CACHE": env_cache, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "stare_lightning", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stare_lightning", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 DESIGN_NAMES = [
-    "reward/mean", "reward/std", "frac_zero_std_groups", "entropy", "response_length/mean", "response_length/max",
-    "clip_ratio/low", "clip_ratio/high", "kl", "grad_norm", "stare/gate_on", "stare/w", "stare/m",
-    "stare/selected_frac/pos", "stare/selected_frac/neg", "entropy/predicted_delta", "entropy/realized_delta",
-    "reflection/per_response", "rollout/logprob_abs_diff/mean", "rollout/logprob_abs_diff/max",
-    "rollout/tokens_per_s", "distinct_correct",
+    "reward/mean",
+    "reward/std",
+    "frac_zero_std_groups",
+    "entropy",
+    "response_length/mean",
+    "response_length/max",
+    "clip_ratio/low",
+    "clip_ratio/high",
+    "kl",
+    "grad_norm",
+    "stare/gate_on",
+    "stare/w",
+    "stare/m",
+    "stare/selected_frac/pos",
+    "stare/selected_frac/neg",
+    "entropy/predicted_delta",
+    "entropy/realized_delta",
+    "reflection/per_response",
+    "rollout/logprob_abs_diff/mean",
+    "rollout/logprob_abs_diff/max",
+    "rollout/tokens_per_s",
+    "distinct_correct",
 ] + [
     f"quadrant/{kind}/{q}/{field}"
     for kind in ("proxy", "exact")
@@ -86,8 +106,12 @@ def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, mo
 
 
 def test_killed_run_resumes_exactly(tmp_path, model_cache):
-    common = FAST + ["trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2",
-                     "trainer.val_check_interval=100", "validation.before_fit=false"]
+    common = FAST + [
+        "trainer.max_steps=4",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+        "trainer.val_check_interval=100",
+        "validation.before_fit=false",
+    ]
     straight = tmp_path / "straight"
     proc = run_cli(["fit", f"output_dir={straight}", *common], model_cache)
     out, _ = proc.communicate(timeout=600)
@@ -109,7 +133,9 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    resumed = run_cli(["fit", f"output_dir={killed}", f"ckpt_path='{checkpoint}'", *common], model_cache)  # quoted: the name holds '='
+    resumed = run_cli(
+        ["fit", f"output_dir={killed}", f"ckpt_path='{checkpoint}'", *common], model_cache
+    )  # quoted: the name holds '='
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out[-3000:]
     expected, got = train_rows(read_metrics(straight)), train_rows(read_metrics(killed))
@@ -123,8 +149,10 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
 
     # `validate` evaluates the finished checkpoint.
     evaluated = tmp_path / "validate"
-    proc = run_cli(["validate", f"output_dir={evaluated}", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}",
-                    *common], model_cache)
+    proc = run_cli(
+        ["validate", f"output_dir={evaluated}", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *common],
+        model_cache,
+    )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
     logged = set().union(*read_metrics(evaluated))
@@ -133,9 +161,20 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
 
 def test_two_process_ddp_fit(tmp_path, model_cache):
     # Also exercises the optional importance-sampling correction of the engine/trainer mismatch.
-    proc = run_cli(["fit", f"output_dir={tmp_path}", *FAST, "trainer=ddp", "trainer.accelerator=cpu",
-                    "rollout.mismatch_correction=token",
-                    "trainer.devices=2", "trainer.max_steps=2", "validation.before_fit=false"], model_cache)
+    proc = run_cli(
+        [
+            "fit",
+            f"output_dir={tmp_path}",
+            *FAST,
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "algorithm.mismatch_correction=token",
+            "trainer.devices=2",
+            "trainer.max_steps=2",
+            "validation.before_fit=false",
+        ],
+        model_cache,
+    )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     steps = train_rows(read_metrics(tmp_path))
@@ -143,23 +182,23 @@ def test_two_process_ddp_fit(tmp_path, model_cache):
     assert all(math.isfinite(r["train/entropy"]) for r in steps.values())
 
 
-def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cache):
+def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cache, monkeypatch):
+    from stare_lightning import module as module_file
     from stare_lightning import train
-    from stare_lightning.module import STAREModule
 
-    class PoisonedOnce(STAREModule):
-        poisoned = False
+    calls = []
 
-        def _micro_batch_loss(self, part, normalizer):
-            loss, *rest = super()._micro_batch_loss(part, normalizer)
-            if not PoisonedOnce.poisoned:
-                PoisonedOnce.poisoned = True
-                loss = loss * float("nan")
-            return (loss, *rest)
+    def poisoned_once(*args, **kwargs):
+        loss, *rest = micro_batch_loss(*args, **kwargs)
+        calls.append(None)
+        return (loss * float("nan") if len(calls) == 1 else loss, *rest)
 
-    cfg = compose_run(tmp_path, ["trainer.max_steps=2", "validation.before_fit=false", "trainer.val_check_interval=100"])
+    micro_batch_loss = module_file.micro_batch_loss
+    monkeypatch.setattr(module_file, "micro_batch_loss", poisoned_once)
+    cfg = compose_run(
+        tmp_path, ["trainer.max_steps=2", "validation.before_fit=false", "trainer.val_check_interval=100"]
+    )
     module, datamodule = train._setup(cfg)
-    module.__class__ = PoisonedOnce
     trainer = train.build_trainer(cfg)
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
@@ -175,8 +214,10 @@ def test_malformed_data_fails_before_any_model_is_prepared(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2", "verifier": "numeric"}\n{"prompt": "2+2=", "answer": \n')
     cache = tmp_path / "empty_cache"
-    proc = run_cli(["fit", f"output_dir={tmp_path / 'run'}", "data=files", f"data.train_files=[{bad}]",
-                    "data.val_size=0"], str(cache))
+    proc = run_cli(
+        ["fit", f"output_dir={tmp_path / 'run'}", "data=files", f"data.train_files=[{bad}]", "data.val_size=0"],
+        str(cache),
+    )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0
     assert str(bad) in out and "line 2" in out
@@ -191,7 +232,9 @@ def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache)
     runs = []
     for index, algorithm in enumerate(("grpo_ds", "stare_o1")):
         run = tmp_path / "sweep" / f"{index}_{algorithm}"
-        proc = run_cli(["fit", f"output_dir={run}", *FAST, f"algorithm={algorithm}", "trainer.max_steps=3"], model_cache)
+        proc = run_cli(
+            ["fit", f"output_dir={run}", *FAST, f"algorithm={algorithm}", "trainer.max_steps=3"], model_cache
+        )
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]
         runs.append(run / "logs")
@@ -203,9 +246,19 @@ def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache)
     assert png.is_file() and png.stat().st_size > 10_000
 
 
-SMOLLM2 = ["experiment=smollm2_countdown", "callbacks=minimal", "summary=false", "data.train_size=64", "data.val_size=2",
-           "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=12", "rollout.val_n=2",
-           "validation.pass_k=[1,2]", "trainer.val_check_interval=100"]
+SMOLLM2 = [
+    "experiment=smollm2_countdown",
+    "callbacks=minimal",
+    "summary=false",
+    "data.train_size=64",
+    "data.val_size=2",
+    "data.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=12",
+    "rollout.val_n=2",
+    "validation.pass_k=[1,2]",
+    "trainer.val_check_interval=100",
+]
 
 
 @pytest.mark.vllm
@@ -215,8 +268,17 @@ def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
 
     if not vllm_available():
         pytest.skip("vLLM is not usable here")
-    proc = run_cli(["fit", f"output_dir={tmp_path}", *overrides, "rollout=vllm", "trainer.max_steps=2",
-                    "validation.before_fit=false"], model_cache)
+    proc = run_cli(
+        [
+            "fit",
+            f"output_dir={tmp_path}",
+            *overrides,
+            "rollout=vllm",
+            "trainer.max_steps=2",
+            "validation.before_fit=false",
+        ],
+        model_cache,
+    )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     steps = train_rows(read_metrics(tmp_path))

@@ -25,14 +25,31 @@ pytestmark = pytest.mark.slow
 
 # Gate forced on (target entropy above any entropy here) so the selection shapes the loss; no dynamic
 # sampling, which filters each rank's groups on their own and so is not invariant to the sharding.
-SAME_STEPS = [*FAST, "algorithm=stare_o1", "algorithm.stare.target_entropy=10.0", "algorithm.dynamic_sampling=false",
-              "trainer.precision=32-true", "validation.before_fit=false", "trainer.val_check_interval=100",
-              "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.max_steps=3"]
+SAME_STEPS = [
+    *FAST,
+    "algorithm=stare_o1",
+    "algorithm.stare.target_entropy=10.0",
+    "algorithm.dynamic_sampling=false",
+    "trainer.precision=32-true",
+    "validation.before_fit=false",
+    "trainer.val_check_interval=100",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "trainer.max_steps=3",
+]
 ONE_PROCESS = [*SAME_STEPS, "trainer=cpu", "data.prompts_per_step=8"]
 # Everything but the launch: trainer=fsdp, devices and nodes come from the launcher's command line.
 SHARDED = [*SAME_STEPS, "trainer.accelerator=cpu", "trainer.strategy.param_dtype=null", "data.prompts_per_step=4"]
-COMPARED = ["loss", "pg_loss", "entropy", "reward/mean", "grad_norm", "response_length/mean",
-            "stare/selected_frac/pos", "stare/selected_frac/neg", "quadrant/exact/pos_high/tokens"]
+COMPARED = [
+    "loss",
+    "pg_loss",
+    "entropy",
+    "reward/mean",
+    "grad_norm",
+    "response_length/mean",
+    "stare/selected_frac/pos",
+    "stare/selected_frac/neg",
+    "quadrant/exact/pos_high/tokens",
+]
 
 # Stands in for srun on one machine: starts SLURM_NTASKS tasks, one per node, with the per-task variables.
 FAKE_SRUN = """#!/usr/bin/env bash
@@ -54,8 +71,16 @@ def _fit(args, model_cache):
 
 
 def _export(run, export_dir, model_cache):
-    proc = run_cli(["export", f"output_dir={run}", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-                    f"export_dir={export_dir}", *FAST], model_cache)
+    proc = run_cli(
+        [
+            "export",
+            f"output_dir={run}",
+            f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+            f"export_dir={export_dir}",
+            *FAST,
+        ],
+        model_cache,
+    )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
     from transformers import AutoModelForCausalLM
@@ -125,25 +150,71 @@ def _free_port() -> int:
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
 def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, model_cache):
     run = tmp_path / launcher
-    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache, "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {
+        **os.environ,
+        "STARE_LIGHTNING_CACHE": model_cache,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
     if launcher == "torchrun":
-        node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                f"--master-addr={env['MASTER_ADDR']}", f"--master-port={env['MASTER_PORT']}"]
-        args = ["-m", "stare_lightning", "fit", "trainer=fsdp", "trainer.devices=1", "trainer.num_nodes=2",
-                f"output_dir={run}", *SHARDED]
-        procs = [subprocess.Popen([*node, f"--node-rank={rank}", *args], cwd=REPO, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in (0, 1)]
+        node = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            f"--master-addr={env['MASTER_ADDR']}",
+            f"--master-port={env['MASTER_PORT']}",
+        ]
+        args = [
+            "-m",
+            "stare_lightning",
+            "fit",
+            "trainer=fsdp",
+            "trainer.devices=1",
+            "trainer.num_nodes=2",
+            f"output_dir={run}",
+            *SHARDED,
+        ]
+        procs = [
+            subprocess.Popen(
+                [*node, f"--node-rank={rank}", *args],
+                cwd=REPO,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for rank in (0, 1)
+        ]
     else:
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         (bin_dir / "srun").write_text(FAKE_SRUN)
         (bin_dir / "srun").chmod(0o755)
-        env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PYTHON=sys.executable, OUTPUT_DIR=str(run),
-                   SLURM_JOB_ID="4242", SLURM_JOB_NAME="stare_lightning", SLURM_NNODES="2", SLURM_NTASKS="2",
-                   SLURM_NTASKS_PER_NODE="1", SLURM_NODELIST="127.0.0.1")
-        procs = [subprocess.Popen(["bash", "scripts/slurm_fit.sh", *SHARDED], cwd=REPO, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+        env.update(
+            PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+            PYTHON=sys.executable,
+            OUTPUT_DIR=str(run),
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NAME="stare_lightning",
+            SLURM_NNODES="2",
+            SLURM_NTASKS="2",
+            SLURM_NTASKS_PER_NODE="1",
+            SLURM_NODELIST="127.0.0.1",
+        )
+        procs = [
+            subprocess.Popen(
+                ["bash", "scripts/slurm_fit.sh", *SHARDED],
+                cwd=REPO,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        ]
     outputs = [proc.communicate(timeout=900)[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
     _assert_same_steps(reference, run)
@@ -171,19 +242,17 @@ def test_two_process_fsdp_with_vllm_rollouts_matches_one_process(tmp_path, model
         ({"precision": "32-true", "strategy": "fsdp2_fp32"}, torch.float32),
     ],
 )
-def test_rollout_engine_computes_in_the_trainers_dtype(trainer_kwargs, expected, tmp_path, tiny_dir):
+def test_rollout_engine_computes_in_the_trainers_dtype(trainer_kwargs, expected, tiny_dir):
     """vLLM is built in the dtype the trainer's forward runs in, not the fp32 master weights' dtype."""
     import lightning
     from transformers import AutoModelForCausalLM
 
-    from stare_lightning.module import STAREModule
-    from stare_lightning.strategies import FSDP2Strategy
-    from tests.test_fit import compose_run
+    from stare_lightning.trainer import FSDP2Strategy
+    from stare_lightning.trainer.precision import compute_dtype
 
     kwargs = dict(trainer_kwargs, accelerator="cpu", devices=1, logger=False)
     if "strategy" in kwargs:
         kwargs["strategy"] = FSDP2Strategy(param_dtype="bfloat16" if kwargs["strategy"] == "fsdp2_bf16" else None)
-    module = STAREModule(compose_run(tmp_path), str(tiny_dir))
-    module.trainer = lightning.Trainer(**kwargs)
-    module.policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    assert module._compute_dtype() == expected
+    trainer = lightning.Trainer(**kwargs)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    assert compute_dtype(trainer.strategy, trainer.precision, policy) == expected

@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from stare_lightning.algorithms import clipped_surrogate, zero_variance_groups
 from stare_lightning.metrics import (
     AvgAtN,
     ClipFraction,
@@ -82,8 +83,11 @@ def _feed(metrics: dict, d: dict, lo: int, hi: int) -> None:
     flags = [[i % 2 == 0 for i in range(len(g))] for g in d["groups"][s]]
     metrics["distinct"].update(d["groups"][s], flags)
     metrics["length"].update(d["mask"][s])
-    metrics["clip"].update(d["ratio"][s], d["adv"][s], d["mask"][s])
-    metrics["zero_std"].update(d["rewards"][s])
+    _, clip = clipped_surrogate(
+        d["ratio"][s].log(), torch.zeros_like(d["ratio"][s]), d["adv"][s], d["mask"][s], eps_low=0.2, eps_high=0.28
+    )
+    metrics["clip"].update(clip.clip_low, clip.clip_high, clip.tokens)
+    metrics["zero_std"].update(zero_variance_groups(d["rewards"][s]))
 
 
 def _make_metrics(**kwargs) -> dict:
@@ -96,7 +100,7 @@ def _make_metrics(**kwargs) -> dict:
         "avg": AvgAtN(**kwargs),
         "distinct": DistinctCorrect(**kwargs),
         "length": ResponseLength(**kwargs),
-        "clip": ClipFraction(eps_low=0.2, eps_high=0.28, **kwargs),
+        "clip": ClipFraction(**kwargs),
         "zero_std": FracZeroStdGroups(**kwargs),
         "gate": GateRate(**kwargs),
     }

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from stare_lightning.algorithms import clipped_surrogate, zero_variance_groups
 from stare_lightning.metrics import (
     DEFAULT_REFLECTION_WORDS,
     AvgAtN,
@@ -28,6 +29,12 @@ from stare_lightning.metrics import (
 
 SHAPES = [(1, 1), (3, 7), (5, 12), (0, 4), (4, 0)]
 QUADS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+def clip_counts(ratio, adv, mask, eps_low, eps_high):
+    """The clip counts the loss reports (through the one clip definition, ``clipped_surrogate``)."""
+    _, stats = clipped_surrogate(ratio.log(), torch.zeros_like(ratio), adv, mask, eps_low=eps_low, eps_high=eps_high)
+    return stats.clip_low, stats.clip_high, stats.tokens
 
 
 def assert_values_close(got: dict, want: dict, tol: float = 1e-9) -> None:
@@ -101,8 +108,11 @@ def ref_quadrants(adv, mask, phi, omega, selected):
 def ref_forecast(entropies, predictions, window):
     pairs = [(predictions[k - 1], entropies[k] - entropies[k - 1]) for k in range(1, len(entropies))]
     if not pairs:
-        return {"entropy/predicted_delta": float("nan"), "entropy/realized_delta": float("nan"),
-                "entropy/forecast_corr": float("nan")}
+        return {
+            "entropy/predicted_delta": float("nan"),
+            "entropy/realized_delta": float("nan"),
+            "entropy/forecast_corr": float("nan"),
+        }
     recent = [(p, r) for p, r in pairs[-window:] if math.isfinite(p) and math.isfinite(r)]
     corr = float("nan")
     if len(recent) >= 2:
@@ -110,8 +120,11 @@ def ref_forecast(entropies, predictions, window):
         y = np.array([r for _, r in recent])
         if x.std() > 0 and y.std() > 0:
             corr = float(np.corrcoef(x, y)[0, 1])
-    return {"entropy/predicted_delta": pairs[-1][0], "entropy/realized_delta": pairs[-1][1],
-            "entropy/forecast_corr": corr}
+    return {
+        "entropy/predicted_delta": pairs[-1][0],
+        "entropy/realized_delta": pairs[-1][1],
+        "entropy/forecast_corr": corr,
+    }
 
 
 def _is_word_char(c: str) -> bool:
@@ -139,7 +152,7 @@ def ref_reflection_counts(text: str, words) -> list[int]:
                         break
                     while j < len(low) and low[j].isspace():
                         j += 1
-                if low[j:j + len(part)] != part:
+                if low[j : j + len(part)] != part:
                     ok = False
                     break
                 j += len(part)
@@ -202,8 +215,13 @@ def test_quadrant_mass_matches_reference(shape, per_sequence_adv, with_optional)
     omega = (torch.rand(b, t, generator=gen) + 0.5) if with_optional else None
     selected = (torch.rand(b, t, generator=gen) > 0.6) if with_optional else None
     metric = QuadrantMass()
-    metric.update(adv if per_sequence_adv else poison(adv, mask), mask, poison(phi, mask),
-                  None if omega is None else poison(omega, mask), selected)
+    metric.update(
+        adv if per_sequence_adv else poison(adv, mask),
+        mask,
+        poison(phi, mask),
+        None if omega is None else poison(omega, mask),
+        selected,
+    )
     got = metric.compute()
     assert len(got) == 24
     assert_values_close(got, ref_quadrants(adv, mask, phi, omega, selected))
@@ -260,10 +278,42 @@ def test_entropy_forecast_window_survives_state_dict():
 
 
 TRICKY_PIECES = [
-    "wait", "Wait", "WAIT,", "waiting", "await", "re-check", "recheck", "Recheck!", "prechecked", "rechecked",
-    "double-check", "double-checked", "check", "let", "me", "Let me", "verify", "verify.", "re-evaluate",
-    "hmm", "hmmm", "However", "mistake", "mistakes", "actually", "x-wait", "let me\nverify", "let  me check",
-    "let me re-examine", "re-examine", "rethink", "reconsider", "alternatively", "2wait", "_wait", "wait_",
+    "wait",
+    "Wait",
+    "WAIT,",
+    "waiting",
+    "await",
+    "re-check",
+    "recheck",
+    "Recheck!",
+    "prechecked",
+    "rechecked",
+    "double-check",
+    "double-checked",
+    "check",
+    "let",
+    "me",
+    "Let me",
+    "verify",
+    "verify.",
+    "re-evaluate",
+    "hmm",
+    "hmmm",
+    "However",
+    "mistake",
+    "mistakes",
+    "actually",
+    "x-wait",
+    "let me\nverify",
+    "let  me check",
+    "let me re-examine",
+    "re-examine",
+    "rethink",
+    "reconsider",
+    "alternatively",
+    "2wait",
+    "_wait",
+    "wait_",
 ]
 
 
@@ -361,7 +411,9 @@ def test_pass_at_k_large_n_is_stable_and_validates():
     metric = PassAtK(k=(1, 64))
     metric.update(torch.tensor([1, 0, 500]), 1024)
     out = metric.compute()
-    want_64 = (1.0 - math.comb(1023, 64) / math.comb(1024, 64) + 0.0 + 1.0 - math.comb(524, 64) / math.comb(1024, 64)) / 3
+    want_64 = (
+        1.0 - math.comb(1023, 64) / math.comb(1024, 64) + 0.0 + 1.0 - math.comb(524, 64) / math.comb(1024, 64)
+    ) / 3
     assert float(out["pass@64"]) == pytest.approx(want_64, rel=1e-12)
     assert float(out["pass@1"]) == pytest.approx((1 / 1024 + 0 + 500 / 1024) / 3, rel=1e-12)
     with pytest.raises(ValueError):
@@ -402,8 +454,10 @@ def test_response_length_matches_reference(n):
     metric = ResponseLength()
     metric.update(lengths)
     values = lengths.tolist()
-    want = {"response_length/mean": sum(values) / n if n else float("nan"),
-            "response_length/max": max(values) if n else float("nan")}
+    want = {
+        "response_length/mean": sum(values) / n if n else float("nan"),
+        "response_length/max": max(values) if n else float("nan"),
+    }
     assert_values_close(metric.compute(), want)
 
 
@@ -419,8 +473,8 @@ def test_clip_fraction_matches_reference(shape):
     mask = random_mask(gen, *shape)
     ratio = torch.rand(shape, generator=gen) * 1.2 + 0.4
     adv = torch.randn(shape, generator=gen)
-    metric = ClipFraction(eps_low=0.2, eps_high=0.28)
-    metric.update(ratio, adv, mask)
+    metric = ClipFraction()
+    metric.update(*clip_counts(ratio, adv, mask, 0.2, 0.28))
     low = high = n = 0
     for b in range(shape[0]):
         for t in range(shape[1]):
@@ -430,7 +484,8 @@ def test_clip_fraction_matches_reference(shape):
             r, a = float(ratio[b, t]), float(adv[b, t])
             low += a < 0 and r < 1 - 0.2
             high += a > 0 and r > 1 + 0.28
-    want = {"clip_ratio/low": low / n if n else float("nan"), "clip_ratio/high": high / n if n else float("nan")}
+    # No valid token reads 0 (the clip bound nothing), as the training logs always had it.
+    want = {"clip_ratio/low": low / max(n, 1), "clip_ratio/high": high / max(n, 1)}
     assert_values_close(metric.compute(), want)
 
 
@@ -448,17 +503,12 @@ def test_frac_zero_std_groups_matches_reference(seed):
     gen = torch.Generator().manual_seed(seed)
     p, g = 7, 4
     rewards = torch.randint(0, 2, (p, g), generator=gen).float()
-    mask = torch.rand(p, g, generator=gen) > 0.3
-    mask[0] = False  # empty group: not counted
+    rewards[1] = 0.5  # a group that agrees on a non-binary reward
     metric = FracZeroStdGroups()
-    metric.update(rewards, mask)
-    zero = groups = 0
-    for i in range(p):
-        vals = {float(rewards[i, j]) for j in range(g) if mask[i, j]}
-        if vals:
-            groups += 1
-            zero += len(vals) == 1
-    assert_values_close(metric.compute(), {"frac_zero_std_groups": zero / groups if groups else float("nan")})
+    metric.update(zero_variance_groups(rewards[:3]))  # the flags dynamic sampling filters on, in two updates
+    metric.update(zero_variance_groups(rewards[3:]))
+    zero = sum(len({float(v) for v in rewards[i]}) == 1 for i in range(p))
+    assert_values_close(metric.compute(), {"frac_zero_std_groups": zero / p})
 
 
 # --------------------------------------------------------------------------- accumulation over updates
@@ -476,12 +526,16 @@ def test_accumulating_chunks_equals_one_update_on_the_union():
     def feed(metrics, lo, hi):
         metrics["entropy"].update(entropy[lo:hi], mask[lo:hi])
         metrics["quadrant"].update(adv[lo:hi], mask[lo:hi], phi[lo:hi], omega[lo:hi], sel[lo:hi])
-        metrics["clip"].update(ratio[lo:hi], adv[lo:hi], mask[lo:hi])
+        metrics["clip"].update(*clip_counts(ratio[lo:hi], adv[lo:hi], mask[lo:hi], 0.2, 0.2))
         metrics["length"].update(mask[lo:hi])
 
     def make():
-        return {"entropy": TokenEntropy(), "quadrant": QuadrantMass(),
-                "clip": ClipFraction(eps_low=0.2, eps_high=0.2), "length": ResponseLength()}
+        return {
+            "entropy": TokenEntropy(),
+            "quadrant": QuadrantMass(),
+            "clip": ClipFraction(),
+            "length": ResponseLength(),
+        }
 
     union, chunked = make(), make()
     feed(union, 0, b)

@@ -27,8 +27,14 @@ def write_fake_run(run_dir: Path, seed: int, steps: int = 30, name: str | None =
     for step in range(steps):
         pred = float(rng.normal(-0.01, 0.005))
         entropy = max(0.01, entropy + pred + float(rng.normal(0, 0.003)))
-        row = {"epoch": 0, "step": step, "train/entropy": entropy, "train/stare/gate_on": float(entropy < 0.3),
-               "train/reward/mean": float(rng.uniform(0, 1)), "train/response_length/mean": float(rng.uniform(20, 80))}
+        row = {
+            "epoch": 0,
+            "step": step,
+            "train/entropy": entropy,
+            "train/stare/gate_on": float(entropy < 0.3),
+            "train/reward/mean": float(rng.uniform(0, 1)),
+            "train/response_length/mean": float(rng.uniform(20, 80)),
+        }
         if step > 0:
             row["train/entropy/predicted_delta"] = pred
             row["train/entropy/realized_delta"] = float(rng.normal(pred, 0.004))
@@ -49,8 +55,16 @@ def write_fake_run(run_dir: Path, seed: int, steps: int = 30, name: str | None =
         rows.append(row)
         if step % 10 == 9:  # a separate, sparse validation row at the same step
             avg = float(rng.uniform(0.1, 0.5))
-            rows.append({"epoch": 0, "step": step, "val/avg@n": avg, "val/pass@1": avg,
-                         "val/pass@8": min(1.0, avg + 0.3), "val/distinct_correct": float(rng.uniform(1, 4))})
+            rows.append(
+                {
+                    "epoch": 0,
+                    "step": step,
+                    "val/avg@n": avg,
+                    "val/pass@1": avg,
+                    "val/pass@8": min(1.0, avg + 0.3),
+                    "val/distinct_correct": float(rng.uniform(1, 4)),
+                }
+            )
     run_dir.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(run_dir / "metrics.csv", index=False)
     if name is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stare_lightning.models.tiny import build_tiny_model
-from stare_lightning.strategies import FSDP2Strategy
+from stare_lightning.trainer import FSDP2Strategy
 from tests.distributed import run_on_ranks
 
 IDS = torch.tensor([[5, 17, 3, 42, 8, 19, 23, 4, 11, 30], [7, 7, 2, 9, 41, 16, 5, 28, 3, 12]])

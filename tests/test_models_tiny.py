@@ -19,7 +19,13 @@ def tokenizer(tiny_dir):
 
 
 def test_directory_is_a_standard_hf_checkpoint(tiny_dir):
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert (tiny_dir / name).is_file(), name
     config = json.loads((tiny_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
@@ -30,7 +36,15 @@ def test_directory_is_a_standard_hf_checkpoint(tiny_dir):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "a", "Hello, world!", "  two  spaces  ", "tabs\tand\nnew\r\nlines", string.printable, "x = 3 * (4 + 5) // 2 ~ {}"],
+    [
+        "",
+        "a",
+        "Hello, world!",
+        "  two  spaces  ",
+        "tabs\tand\nnew\r\nlines",
+        string.printable,
+        "x = 3 * (4 + 5) // 2 ~ {}",
+    ],
 )
 def test_round_trip(tokenizer, text):
     ids = tokenizer.encode(text)

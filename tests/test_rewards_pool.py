@@ -13,7 +13,7 @@ CD = {"numbers": [3, 5, 7], "target": 22, "ops": "+-*"}
 GOOD = ("countdown", "3*5+7", "22", CD)
 BAD = ("countdown", "3+5+7", "22", CD)
 
-USER_MODULE = '''
+USER_MODULE = """
 import os, time
 
 def hang(response, answer, metadata):
@@ -35,7 +35,7 @@ def not_a_number(response, answer, metadata):
 
 def die(response, answer, metadata):
     os._exit(3)
-'''
+"""
 
 
 @pytest.fixture(scope="module")

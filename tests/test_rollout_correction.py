@@ -67,13 +67,10 @@ def test_weights_are_detached_and_finite_for_huge_ratios():
     assert not weights.requires_grad and torch.isfinite(weights).all() and (weights == 2.0).all()
 
 
-def test_rejects_bad_arguments():
+def test_rejects_bad_shapes():
+    # level, mode and cap are algorithm.mismatch_* settings, checked by AlgorithmConfig (test_algorithms_config.py).
     x = torch.zeros(2, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="shapes differ"):
         mismatch_is_weights(x, x, torch.ones(2, 4))
-    with pytest.raises(ValueError):
-        mismatch_is_weights(x, x, torch.ones(2, 3), level="geometric")
-    with pytest.raises(ValueError):
-        mismatch_is_weights(x, x, torch.ones(2, 3), mode="clip")
-    with pytest.raises(ValueError):
-        mismatch_is_weights(x, x, torch.ones(2, 3), cap=0.0)
+    with pytest.raises(ValueError, match=r"\[batch, time\]"):
+        mismatch_is_weights(torch.zeros(6), torch.zeros(6), torch.ones(6))

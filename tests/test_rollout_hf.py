@@ -156,8 +156,10 @@ def test_a_prompts_samples_do_not_depend_on_its_batch(model_and_tokenizer):
     )
     assert crowded.response_ids[3:6] == alone.response_ids
     torch.testing.assert_close(
-        torch.tensor(sum(crowded.response_logprobs[3:6], [])), torch.tensor(sum(alone.response_logprobs, [])),
-        atol=1e-5, rtol=0,
+        torch.tensor(sum(crowded.response_logprobs[3:6], [])),
+        torch.tensor(sum(alone.response_logprobs, [])),
+        atol=1e-5,
+        rtol=0,
     )
     other_seed = HFRolloutEngine(model, tok).generate([prompt], params, seeds=[1235])
     assert other_seed.response_ids[0] == alone.response_ids[1], "sample j of seed s is drawn from stream s + j"

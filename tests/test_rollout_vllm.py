@@ -82,7 +82,6 @@ def test_missing_vllm_error_says_how_to_install(tiny_dir):
     assert "make install" in str(err.value) and "rollout=hf" in str(err.value)
 
 
-
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
@@ -224,7 +223,10 @@ def test_bf16_engine_follows_an_fp32_trainer(tiny_dir, tokenizer, policy):
     ]
     diffs = torch.cat(diffs)
     # bf16 rounding of weights and activations: a few 1e-2 at most, far from the stale engine's > 0.5.
-    assert diffs.mean() < 0.015 and diffs.max() < 0.08, (float(diffs.mean()), float(diffs.max()))  # 0.004, 0.009 measured
+    assert diffs.mean() < 0.015 and diffs.max() < 0.08, (
+        float(diffs.mean()),
+        float(diffs.max()),
+    )  # 0.004, 0.009 measured
     assert diffs.max() > 1e-4, "identical to fp32: the engine did not run in bf16"
 
 
@@ -269,6 +271,4 @@ def test_fsdp2_sync_on_two_ranks(tiny_dir, tmp_path):
     for rank in (0, 1):
         prompts, responses, logprobs = results[rank]["rollouts"]
         for prompt, resp, lps in zip(prompts, responses, logprobs):
-            torch.testing.assert_close(
-                torch.tensor(lps), _trainer_logprobs(trained, prompt, resp), atol=1e-3, rtol=0
-            )
+            torch.testing.assert_close(torch.tensor(lps), _trainer_logprobs(trained, prompt, resp), atol=1e-3, rtol=0)

@@ -15,14 +15,8 @@ from stare_lightning.algorithms.entropy_control import (
 )
 from stare_lightning.algorithms.objective import policy_loss
 from stare_lightning.algorithms.sensitivity import entropy_sensitivity, predicted_entropy_change
-from stare_lightning.algorithms.stare import (
-    STAREController,
-    StareStats,
-    StepParams,
-    gather_variable_length,
-    stare_token_weights,
-    stare_weights_for_scope,
-)
+from stare_lightning.algorithms.stare import STAREStats, stare_token_weights, stare_weights_for_scope
+from stare_lightning.algorithms.stare_controller import STAREController, StepParams
 from stare_lightning.algorithms.surrogates import (
     LossNormalizer,
     SurrogateStats,
@@ -33,6 +27,7 @@ from stare_lightning.algorithms.surrogates import (
     kl_penalty,
 )
 from stare_lightning.algorithms.token_stats import TokenStats, token_stats_from_hidden, token_stats_from_logits
+from stare_lightning.algorithms.token_weights import micro_batch_token_weights, step_selection
 
 __all__ = [
     "AdaptiveEntropyCoefficient",
@@ -40,7 +35,7 @@ __all__ = [
     "LossNormalizer",
     "STAREController",
     "StareConfig",
-    "StareStats",
+    "STAREStats",
     "StepParams",
     "SurrogateStats",
     "TokenStats",
@@ -51,14 +46,15 @@ __all__ = [
     "compute_advantages",
     "entropy_bonus",
     "entropy_sensitivity",
-    "gather_variable_length",
     "kl_cov_penalty",
     "kl_penalty",
+    "micro_batch_token_weights",
     "overlong_penalty",
     "policy_loss",
     "predicted_entropy_change",
     "stare_token_weights",
     "stare_weights_for_scope",
+    "step_selection",
     "token_covariance",
     "token_stats_from_hidden",
     "token_stats_from_logits",

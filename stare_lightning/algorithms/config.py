@@ -1,10 +1,12 @@
 """Typed, validated settings of the policy loss: the GRPO family, its entropy-control baselines and STARE.
 
-What it implements: the `algorithm` config group's schema. Defaults follow docs/stare-method.md
+What it implements: the `algorithm` config group's schema. Defaults follow docs/method.md
 (STARE: Luo et al. 2026, arXiv 2606.19236; O1, P = 0.1, W = 1.1, M = 0.9, H_tgt = 0.3, adaptive off).
 Only types OmegaConf supports appear (str, int, float, bool, Optional, nested dataclasses), so the
 classes serve as Hydra structured schemas. OmegaConf does not run `__post_init__` on merges: call
-`OmegaConf.to_object(cfg)` (which builds the dataclasses) to validate a composed config.
+`OmegaConf.to_object(cfg)` (which builds the dataclasses) to validate a composed config. Every scalar
+the loss functions take (clip ranges, ratios, coefficients, the IS cap) is range-checked here and only
+here: the functions in surrogates.py, entropy_control.py and rollout_correction.py check shapes only.
 
 Departure from the paper: none; the choices the paper leaves open (selection scope, surprisal
 source, timing of the adaptive schedule) are settings here, with the project's defaults.
@@ -12,19 +14,15 @@ source, timing of the adaptive schedule) are settings here, with the project's d
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from stare_lightning.algorithms.stare import (
-    STARE_SCOPES,
-    STARE_SELECTORS,
-    STARE_TIMINGS,
-    STARE_VARIANTS,
-    STAREController,
-)
+from stare_lightning.algorithms.entropy_control import AdaptiveEntropyCoefficient
+from stare_lightning.algorithms.rollout_correction import MISMATCH_LEVELS, MISMATCH_MODES
+from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_SELECTORS, STARE_VARIANTS
+from stare_lightning.algorithms.stare_controller import STARE_TIMINGS, STAREController
 from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
+from stare_lightning.config.checks import choice, flag, number, text
 
 __all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "StareConfig"]
 
@@ -32,32 +30,9 @@ ENTROPY_CONTROLS = ("none", "clip_cov", "kl_cov", "top_entropy")
 SURPRISAL_SOURCES = ("current", "old")
 
 
-def _choice(prefix: str, key: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{prefix}{key}={value!r} is not allowed: choose one of {tuple(allowed)}")
-
-
-def _number(prefix: str, key: str, value, *, low: float = -math.inf, high: float = math.inf,
-            low_open: bool = False, high_open: bool = False, integer: bool = False, allow_inf: bool = False) -> None:
-    kind = "an integer" if integer else "a number"
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
-    allowed = f"must be {kind} in {lo}{low}, {high}{hi}"
-    if isinstance(value, bool):
-        raise ValueError(f"{prefix}{key}={value!r} is not allowed: {allowed}")
-    if integer and not isinstance(value, int):
-        raise ValueError(f"{prefix}{key}={value!r} is not allowed: {allowed}")
-    if not isinstance(value, (int, float)) or math.isnan(value) or (not allow_inf and math.isinf(value)):
-        raise ValueError(f"{prefix}{key}={value!r} is not allowed: {allowed}")
-    ok_low = value > low if low_open else value >= low
-    ok_high = value < high if high_open else value <= high
-    if not (ok_low and ok_high):
-        raise ValueError(f"{prefix}{key}={value!r} is out of range: {allowed}")
-
-
 @dataclass
 class StareConfig:
-    """STARE settings (section 3 and 4 of docs/stare-method.md)."""
+    """STARE settings (docs/method.md, sections 3 and 4)."""
 
     enabled: bool = False
     variant: str = "O1"  # O1: W on L+; C2: W on L+ and M on L-
@@ -76,31 +51,35 @@ class StareConfig:
 
     def __post_init__(self) -> None:
         p = "algorithm.stare."
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"{p}enabled={self.enabled!r} is not allowed: must be true or false")
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"{p}adaptive={self.adaptive!r} is not allowed: must be true or false")
-        _choice(p, "variant", self.variant, STARE_VARIANTS)
-        _number(p, "top_ratio", self.top_ratio, low=0.0, high=1.0)
-        _number(p, "w", self.w, low=0.0, low_open=True)
-        _number(p, "m", self.m, low=0.0, low_open=True)
-        _number(p, "target_entropy", self.target_entropy, low=0.0)
-        _choice(p, "selector", self.selector, STARE_SELECTORS)
-        _choice(p, "scope", self.scope, STARE_SCOPES)
-        _choice(p, "surprisal_source", self.surprisal_source, SURPRISAL_SOURCES)
-        _number(p, "alpha", self.alpha, low=0.0)
-        _number(p, "w_max", self.w_max, low=1.0)
-        _number(p, "m_min", self.m_min, low=0.0, high=1.0, low_open=True)
-        _choice(p, "timing", self.timing, STARE_TIMINGS)
+        flag(f"{p}enabled", self.enabled)
+        flag(f"{p}adaptive", self.adaptive)
+        choice(f"{p}variant", self.variant, STARE_VARIANTS)
+        number(f"{p}top_ratio", self.top_ratio, low=0.0, high=1.0)
+        number(f"{p}w", self.w, low=0.0, low_open=True)
+        number(f"{p}m", self.m, low=0.0, low_open=True)
+        number(f"{p}target_entropy", self.target_entropy, low=0.0)
+        choice(f"{p}selector", self.selector, STARE_SELECTORS)
+        choice(f"{p}scope", self.scope, STARE_SCOPES)
+        choice(f"{p}surprisal_source", self.surprisal_source, SURPRISAL_SOURCES)
+        number(f"{p}alpha", self.alpha, low=0.0)
+        number(f"{p}w_max", self.w_max, low=1.0)
+        number(f"{p}m_min", self.m_min, low=0.0, high=1.0, low_open=True)
+        choice(f"{p}timing", self.timing, STARE_TIMINGS)
         if self.adaptive:
-            _number(p, "w", self.w, low=1.0, high=self.w_max)
-            _number(p, "m", self.m, low=self.m_min, high=1.0)
+            number(f"{p}w", self.w, low=1.0, high=self.w_max)
+            number(f"{p}m", self.m, low=self.m_min, high=1.0)
 
     def make_controller(self) -> STAREController:
         """A fresh controller with these settings."""
         return STAREController(
-            target_entropy=self.target_entropy, w=self.w, m=self.m, adaptive=self.adaptive, alpha=self.alpha,
-            w_max=self.w_max, m_min=self.m_min, timing=self.timing,
+            target_entropy=self.target_entropy,
+            w=self.w,
+            m=self.m,
+            adaptive=self.adaptive,
+            alpha=self.alpha,
+            w_max=self.w_max,
+            m_min=self.m_min,
+            timing=self.timing,
         )
 
     def needs_sensitivity(self) -> bool:
@@ -117,12 +96,12 @@ class AlgorithmConfig:
     adv_eps: float = 1e-6
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    dual_clip_c: Optional[float] = None  # > 1, bounds the loss of negative-advantage tokens
+    dual_clip_c: float | None = None  # > 1, bounds the loss of negative-advantage tokens
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k2 | k3
     entropy_coef: float = 0.0
-    entropy_target: Optional[float] = None  # set: the entropy coefficient adapts toward this target
+    entropy_target: float | None = None  # set: the entropy coefficient adapts toward this target
     entropy_coef_lr: float = 0.01
     entropy_coef_max: float = 0.1
     entropy_control: str = "none"  # none | clip_cov | kl_cov | top_entropy
@@ -138,50 +117,59 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = 1.0
     ppo_epochs: int = 1
     mini_batches: int = 1
+    mismatch_correction: str = "none"  # none | token | sequence: IS weights for the rollout-engine mismatch
+    mismatch_mode: str = "truncate"  # truncate | mask
+    mismatch_cap: float = 2.0
     stare: StareConfig = field(default_factory=StareConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.stare, dict):
             self.stare = StareConfig(**self.stare)
         if not isinstance(self.stare, StareConfig):
-            raise ValueError(f"algorithm.stare={self.stare!r} is not allowed: must be a StareConfig or a mapping of its keys")
+            raise ValueError(
+                f"algorithm.stare={self.stare!r} is not allowed: must be a StareConfig or a mapping of its keys"
+            )
         p = "algorithm."
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"{p}name={self.name!r} is not allowed: must be a non-empty string")
-        _choice(p, "advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-        _number(p, "adv_eps", self.adv_eps, low=0.0)
-        _number(p, "clip_eps_low", self.clip_eps_low, low=0.0, high=1.0)
-        _number(p, "clip_eps_high", self.clip_eps_high, low=0.0)
+        text(f"{p}name", self.name)
+        choice(f"{p}advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        number(f"{p}adv_eps", self.adv_eps, low=0.0)
+        number(f"{p}clip_eps_low", self.clip_eps_low, low=0.0, high=1.0)
+        number(f"{p}clip_eps_high", self.clip_eps_high, low=0.0)
         if self.dual_clip_c is not None:
-            _number(p, "dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
-        _choice(p, "loss_agg", self.loss_agg, AGGREGATION_MODES)
-        _number(p, "kl_coef", self.kl_coef, low=0.0)
-        _choice(p, "kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _number(p, "entropy_coef", self.entropy_coef, low=0.0)
+            number(f"{p}dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
+        choice(f"{p}loss_agg", self.loss_agg, AGGREGATION_MODES)
+        number(f"{p}kl_coef", self.kl_coef, low=0.0)
+        choice(f"{p}kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        number(f"{p}entropy_coef", self.entropy_coef, low=0.0)
         if self.entropy_target is not None:
-            _number(p, "entropy_target", self.entropy_target, low=0.0)
-        _number(p, "entropy_coef_lr", self.entropy_coef_lr, low=0.0)
-        _number(p, "entropy_coef_max", self.entropy_coef_max, low=0.0)
+            number(f"{p}entropy_target", self.entropy_target, low=0.0)
+        number(f"{p}entropy_coef_lr", self.entropy_coef_lr, low=0.0)
+        number(f"{p}entropy_coef_max", self.entropy_coef_max, low=0.0)
         if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
-            raise ValueError(f"{p}entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
-                             f"be <= entropy_coef_max={self.entropy_coef_max}")
-        _choice(p, "entropy_control", self.entropy_control, ENTROPY_CONTROLS)
-        _number(p, "clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, low_open=True)
-        _number(p, "clip_cov_lb", self.clip_cov_lb)
-        _number(p, "clip_cov_ub", self.clip_cov_ub)
+            raise ValueError(
+                f"{p}entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
+                f"be <= entropy_coef_max={self.entropy_coef_max}"
+            )
+        choice(f"{p}entropy_control", self.entropy_control, ENTROPY_CONTROLS)
+        number(f"{p}clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, low_open=True)
+        number(f"{p}clip_cov_lb", self.clip_cov_lb)
+        number(f"{p}clip_cov_ub", self.clip_cov_ub)
         if not self.clip_cov_lb < self.clip_cov_ub:
-            raise ValueError(f"{p}clip_cov_ub={self.clip_cov_ub!r} is out of range: must be > clip_cov_lb="
-                             f"{self.clip_cov_lb}")
-        _number(p, "kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0, low_open=True)
-        _number(p, "kl_cov_coef", self.kl_cov_coef, low=0.0)
-        _number(p, "top_entropy_fraction", self.top_entropy_fraction, low=0.0, high=1.0, low_open=True)
-        if not isinstance(self.dynamic_sampling, bool):
-            raise ValueError(f"{p}dynamic_sampling={self.dynamic_sampling!r} is not allowed: must be true or false")
-        _number(p, "max_generation_batches", self.max_generation_batches, low=1, integer=True)
-        _number(p, "overlong_buffer", self.overlong_buffer, low=0, integer=True)
-        _number(p, "overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
-        _number(p, "ppo_epochs", self.ppo_epochs, low=1, integer=True)
-        _number(p, "mini_batches", self.mini_batches, low=1, integer=True)
+            raise ValueError(
+                f"{p}clip_cov_ub={self.clip_cov_ub!r} is out of range: must be > clip_cov_lb={self.clip_cov_lb}"
+            )
+        number(f"{p}kl_cov_ratio", self.kl_cov_ratio, low=0.0, high=1.0, low_open=True)
+        number(f"{p}kl_cov_coef", self.kl_cov_coef, low=0.0)
+        number(f"{p}top_entropy_fraction", self.top_entropy_fraction, low=0.0, high=1.0, low_open=True)
+        flag(f"{p}dynamic_sampling", self.dynamic_sampling)
+        number(f"{p}max_generation_batches", self.max_generation_batches, low=1, integer=True)
+        number(f"{p}overlong_buffer", self.overlong_buffer, low=0, integer=True)
+        number(f"{p}overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
+        number(f"{p}ppo_epochs", self.ppo_epochs, low=1, integer=True)
+        number(f"{p}mini_batches", self.mini_batches, low=1, integer=True)
+        choice(f"{p}mismatch_correction", self.mismatch_correction, ("none", *MISMATCH_LEVELS))
+        choice(f"{p}mismatch_mode", self.mismatch_mode, MISMATCH_MODES)
+        number(f"{p}mismatch_cap", self.mismatch_cap, low=0.0, low_open=True)
 
     # Derived quantities.
     def uses_reference(self) -> bool:
@@ -201,6 +189,22 @@ class AlgorithmConfig:
         """
         return (not self.is_on_policy()) or self.stare.enabled
 
+    def needs_scoring_pass(self) -> bool:
+        """Whether the rollout policy's token statistics are needed before the first loss (the old log-probs,
+        STARE's gate, the adaptive entropy coefficient); otherwise the update's first forward provides them."""
+        return self.needs_old_logprob_pass() or self.uses_adaptive_entropy_coef()
+
+    def make_entropy_coefficient(self) -> AdaptiveEntropyCoefficient | None:
+        """The adaptive entropy coefficient when ``entropy_target`` is set, else None (a fixed coefficient)."""
+        if self.entropy_target is None:
+            return None
+        return AdaptiveEntropyCoefficient(
+            target=self.entropy_target,
+            init_coef=self.entropy_coef,
+            lr=self.entropy_coef_lr,
+            max_coef=self.entropy_coef_max,
+        )
+
     def uses_entropy_bonus(self) -> bool:
         return self.entropy_coef > 0 or self.entropy_target is not None
 
@@ -213,3 +217,7 @@ class AlgorithmConfig:
 
     def uses_overlong_penalty(self) -> bool:
         return self.overlong_buffer > 0
+
+    def uses_mismatch_correction(self) -> bool:
+        """Whether the loss is weighted by importance ratios of the trainer's and the engine's log-probs."""
+        return self.mismatch_correction != "none"

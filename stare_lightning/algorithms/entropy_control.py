@@ -18,13 +18,16 @@ Departures: the 80/20 selection takes exactly k = ceil(fraction * N) tokens (tie
 position) where the paper thresholds at the batch's entropy percentile (which keeps all ties); the
 covariance statistics are computed over the tokens given (a micro-batch, as in the reference code),
 and the KL-Cov ranking breaks ties by position.
+
+Scalar settings (ratios, bounds, coefficients, the adaptive coefficient's target and rates) are
+range-checked once, by `AlgorithmConfig` (algorithm.clip_cov_*, kl_cov_*, top_entropy_fraction,
+entropy_*); the functions here check tensor shapes only.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -38,17 +41,6 @@ __all__ = [
     "token_covariance",
     "top_entropy_mask",
 ]
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check_fraction(name: str, value, *, allow_zero: bool = False) -> None:
-    low_ok = (value >= 0) if allow_zero else (value > 0)
-    if not _is_number(value) or not (low_ok and value <= 1):
-        rng = "[0, 1]" if allow_zero else "(0, 1]"
-        raise ValueError(f"{name}={value!r} is out of range: must be a number in {rng}")
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -76,17 +68,14 @@ def clip_cov_mask(
     clip_ratio: float = 2e-4,
     lb: float = 1.0,
     ub: float = 5.0,
-    exclude: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
+    exclude: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Bool [B, T]: the tokens whose gradient Clip-Cov detaches (see module doc).
 
     exclude: bool [B, T] of tokens not eligible (e.g. those whose PPO clip is already active).
     generator: for the random draw (on the device of `logprobs`).
     """
-    _check_fraction("clip_ratio", clip_ratio)
-    if not (_is_number(lb) and _is_number(ub)) or not (math.isfinite(lb) and math.isfinite(ub)) or not lb < ub:
-        raise ValueError(f"lb={lb!r}, ub={ub!r} are out of range: must be finite numbers with lb < ub")
     cov = token_covariance(logprobs, advantages, mask)
     valid = mask.to(torch.bool)
     eligible = valid & (cov > lb) & (cov < ub)
@@ -116,14 +105,11 @@ def kl_cov_penalty(
     *,
     kl_cov_ratio: float = 2e-3,
     coef: float = 1.0,
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """(penalty [B, T], selected bool [B, T]): coef * |log pi - log pi_old| on the top-covariance tokens, 0 elsewhere.
 
     The penalty carries gradient to `logprobs`; it is ADDED to the per-token loss.
     """
-    _check_fraction("kl_cov_ratio", kl_cov_ratio)
-    if not _is_number(coef) or not (math.isfinite(coef) and coef >= 0):
-        raise ValueError(f"coef={coef!r} is out of range: must be a finite number >= 0")
     if old_logprobs.shape != logprobs.shape:
         raise ValueError(f"old_logprobs has shape {tuple(old_logprobs.shape)}; expected {tuple(logprobs.shape)}")
     cov = token_covariance(logprobs, advantages, mask)
@@ -146,7 +132,6 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_fraction: float = 0.2) -
 
     These keep their policy gradient under the 80/20 rule; all other tokens are detached.
     """
-    _check_fraction("top_fraction", top_fraction)
     if mask.shape != entropy.shape:
         raise ValueError(f"mask has shape {tuple(mask.shape)}; expected {tuple(entropy.shape)}")
     valid = mask.to(torch.bool)
@@ -167,44 +152,38 @@ class AdaptiveEntropyCoefficient:
 
     update(H) moves the coefficient by lr toward more bonus when H < target and less when H > target
     (unchanged at equality), clips to [min_coef, max_coef], and returns the value to use in this
-    same step. A non-finite H warns and leaves the coefficient unchanged.
+    same step. A non-finite H warns and leaves the coefficient unchanged. Expects target, lr >= 0 and
+    min_coef <= init_coef <= max_coef (algorithm.entropy_target, entropy_coef_lr, entropy_coef, entropy_coef_max).
     """
 
-    def __init__(self, target: float, init_coef: float, lr: float, min_coef: float = 0.0,
-                 max_coef: float = math.inf) -> None:
-        if not _is_number(target) or not (math.isfinite(target) and target >= 0):
-            raise ValueError(f"target={target!r} is out of range: must be a finite number >= 0")
-        if not _is_number(lr) or not (math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"lr={lr!r} is out of range: must be a finite number >= 0")
-        if not _is_number(min_coef) or not (math.isfinite(min_coef) and min_coef >= 0):
-            raise ValueError(f"min_coef={min_coef!r} is out of range: must be a finite number >= 0")
-        if not _is_number(max_coef) or math.isnan(max_coef) or max_coef < min_coef:
-            raise ValueError(f"max_coef={max_coef!r} is out of range: must be a number >= min_coef={min_coef}")
-        if not _is_number(init_coef) or not min_coef <= init_coef <= max_coef:
-            raise ValueError(f"init_coef={init_coef!r} is out of range: must lie in [min_coef={min_coef}, "
-                             f"max_coef={max_coef}]")
+    def __init__(
+        self, target: float, init_coef: float, lr: float, min_coef: float = 0.0, max_coef: float = math.inf
+    ) -> None:
         self.target = float(target)
         self.lr = float(lr)
         self.min_coef = float(min_coef)
         self.max_coef = float(max_coef)
         self.coef = float(init_coef)
-        self.last_entropy: Optional[float] = None
+        self.last_entropy: float | None = None
 
-    def update(self, entropy: Union[float, Tensor]) -> float:
+    def update(self, entropy: float | Tensor) -> float:
         value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
         if not math.isfinite(value):
-            warnings.warn(f"AdaptiveEntropyCoefficient.update got a non-finite entropy ({value}); keeping "
-                          f"coef={self.coef}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"AdaptiveEntropyCoefficient.update got a non-finite entropy ({value}); keeping coef={self.coef}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return self.coef
         direction = float((self.target > value) - (self.target < value))
         self.coef = min(max(self.coef + self.lr * direction, self.min_coef), self.max_coef)
         self.last_entropy = value
         return self.coef
 
-    def state_dict(self) -> Dict[str, Optional[float]]:
+    def state_dict(self) -> dict[str, float | None]:
         return {"coef": self.coef, "last_entropy": self.last_entropy}
 
-    def load_state_dict(self, state: Dict[str, Optional[float]]) -> None:
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
         missing = {"coef", "last_entropy"} - set(state)
         if missing:
             raise ValueError(f"AdaptiveEntropyCoefficient state is missing keys {sorted(missing)}")

@@ -1,6 +1,6 @@
 """The policy loss of one micro-batch: entropy control, clipped surrogate with token weights, KL and entropy terms.
 
-What it implements, in this order (docs/stare-method.md, sections 3 and 5):
+What it implements, in this order (docs/method.md, sections 3 and 4):
 1. entropy-control masks (Cui et al. 2025 Clip-Cov / KL-Cov; Wang et al. 2025 80/20 rule): the
    selected tokens' log-probs are detached (Clip-Cov: the drawn high-covariance tokens; 80/20: all
    but the top-entropy tokens), which zeroes their policy gradient and keeps the loss value;
@@ -19,7 +19,6 @@ Clip-Cov keeps the PPO clip and draws only among tokens whose clip is not alread
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -31,6 +30,7 @@ from stare_lightning.algorithms.surrogates import (
     LossNormalizer,
     aggregate_loss,
     broadcast_advantages,
+    clip_masks,
     clipped_surrogate,
     entropy_bonus,
     kl_penalty,
@@ -52,12 +52,12 @@ def policy_loss(
     cfg: AlgorithmConfig,
     normalizer: LossNormalizer,
     *,
-    token_weights: Optional[Tensor] = None,
-    ref_logprobs: Optional[Tensor] = None,
-    entropy: Optional[Tensor] = None,
-    entropy_coef: Optional[float] = None,
-    generator: Optional[torch.Generator] = None,
-) -> Tuple[Tensor, Dict[str, Tensor]]:
+    token_weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """(loss, stats) of one micro-batch.
 
     logprobs: [B, T] with gradient; old_logprobs: [B, T] (detached current ones when on-policy);
@@ -73,46 +73,49 @@ def policy_loss(
     share of the aggregated surrogate), ratio_sum, and when the inputs exist kl_sum, kl_loss,
     entropy_sum, entropy_loss, weight_sum.
     """
-    if entropy_coef is None:
-        entropy_coef = cfg.entropy_coef
-    if isinstance(entropy_coef, bool) or not isinstance(entropy_coef, (int, float)) or not math.isfinite(entropy_coef):
-        raise ValueError(f"entropy_coef={entropy_coef!r} is not allowed: must be a finite number or None")
+    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     adv = broadcast_advantages(advantages, logprobs)
     valid = mask.to(torch.bool)
-    stats: Dict[str, Tensor] = {}
-
-    detach = None
-    if cfg.entropy_control == "clip_cov":
-        with torch.no_grad():
-            r = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-            active = valid & (((adv > 0) & (r > 1 + cfg.clip_eps_high)) | ((adv < 0) & (r < 1 - cfg.clip_eps_low)))
-            detach = clip_cov_mask(logprobs, adv, mask, clip_ratio=cfg.clip_cov_ratio, lb=cfg.clip_cov_lb,
-                                   ub=cfg.clip_cov_ub, exclude=active, generator=generator)
-    elif cfg.entropy_control == "top_entropy":
-        if entropy is None:
-            raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
-        keep = top_entropy_mask(entropy, mask, cfg.top_entropy_fraction)
-        detach = valid & ~keep
+    detach = _entropy_control_detach(cfg, logprobs, old_logprobs, adv, mask, entropy, generator)
     lp_surrogate = logprobs if detach is None else torch.where(detach, logprobs.detach(), logprobs)
-
     if cfg.entropy_control == "kl_cov":
         eps_low, eps_high, dual = 1.0, math.inf, None
     else:
         eps_low, eps_high, dual = cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c
-    per_token, sstats = clipped_surrogate(
-        lp_surrogate, old_logprobs, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual,
+    per_token, clip_stats = clipped_surrogate(
+        lp_surrogate,
+        old_logprobs,
+        adv,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip_c=dual,
         token_weights=token_weights,
     )
     controlled = detach
     if cfg.entropy_control == "kl_cov":
-        penalty, controlled = kl_cov_penalty(logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio,
-                                             coef=cfg.kl_cov_coef)
+        penalty, controlled = kl_cov_penalty(
+            logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef
+        )
         per_token = per_token + penalty
-
     pg_loss = aggregate_loss(per_token, mask, cfg.loss_agg, normalizer)
-    loss = pg_loss
-    f32 = torch.float32
+    loss, stats = _add_regularizers(pg_loss, logprobs, mask, cfg, normalizer, ref_logprobs, entropy, entropy_coef)
+    stats.update(_surrogate_stats(logprobs, old_logprobs, valid, clip_stats, controlled, pg_loss, token_weights))
+    return loss, stats
 
+
+def _add_regularizers(
+    loss: Tensor,
+    logprobs: Tensor,
+    mask: Tensor,
+    cfg: AlgorithmConfig,
+    normalizer: LossNormalizer,
+    ref_logprobs: Tensor | None,
+    entropy: Tensor | None,
+    entropy_coef: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``loss`` + kl_coef * KL - entropy_coef * entropy bonus, each aggregated like the surrogate."""
+    valid, stats = mask.to(torch.bool), {}
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"ref_logprobs=None is not allowed with kl_coef={cfg.kl_coef}: pass the reference log-probs")
     if ref_logprobs is not None:
@@ -120,9 +123,7 @@ def policy_loss(
         kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, normalizer)
         if cfg.kl_coef > 0:
             loss = loss + cfg.kl_coef * kl_loss
-        stats["kl_sum"] = _valid_sum(kl, valid)
-        stats["kl_loss"] = kl_loss.detach().to(f32)
-
+        stats.update(kl_sum=_valid_sum(kl, valid), kl_loss=kl_loss.detach().float())
     if entropy_coef != 0 and entropy is None:
         raise ValueError(f"entropy=None is not allowed with entropy_coef={entropy_coef}: pass per-token entropy")
     if entropy is not None:
@@ -130,21 +131,61 @@ def policy_loss(
         ent_loss = aggregate_loss(bonus, mask, cfg.loss_agg, normalizer)
         if entropy_coef != 0:
             loss = loss - entropy_coef * ent_loss
-        stats["entropy_sum"] = bonus.sum().detach().to(f32)
-        stats["entropy_loss"] = ent_loss.detach().to(f32)
+        stats.update(entropy_sum=bonus.sum().detach().float(), entropy_loss=ent_loss.detach().float())
+    return loss, stats
 
+
+def _entropy_control_detach(
+    cfg: AlgorithmConfig,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    entropy: Tensor | None,
+    generator,
+) -> Tensor | None:
+    """Tokens whose surrogate gradient the entropy control removes (Clip-Cov, 80/20), or None."""
+    valid = mask.to(torch.bool)
+    if cfg.entropy_control == "clip_cov":
+        with torch.no_grad():
+            ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            low, high = clip_masks(ratio, adv, valid, cfg.clip_eps_low, cfg.clip_eps_high)
+            return clip_cov_mask(
+                logprobs,
+                adv,
+                mask,
+                clip_ratio=cfg.clip_cov_ratio,
+                lb=cfg.clip_cov_lb,
+                ub=cfg.clip_cov_ub,
+                exclude=low | high,
+                generator=generator,
+            )
+    if cfg.entropy_control == "top_entropy":
+        if entropy is None:
+            raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
+        return valid & ~top_entropy_mask(entropy, mask, cfg.top_entropy_fraction)
+    return None
+
+
+def _surrogate_stats(
+    logprobs, old_logprobs, valid, clip_stats, controlled, pg_loss, token_weights
+) -> dict[str, Tensor]:
+    f32 = torch.float32
     with torch.no_grad():
-        stats["tokens"] = sstats.tokens
-        stats["clip_low"] = sstats.clip_low
-        stats["clip_high"] = sstats.clip_high
-        stats["clip_dual"] = sstats.clip_dual
-        stats["controlled"] = (
-            torch.zeros((), dtype=f32, device=logprobs.device) if controlled is None
-            else (controlled & valid).sum().to(f32)
-        )
-        stats["pg_loss"] = pg_loss.detach().to(f32)
         ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        stats["ratio_sum"] = _valid_sum(ratio, valid)
+        stats = {
+            "tokens": clip_stats.tokens,
+            "clip_low": clip_stats.clip_low,
+            "clip_high": clip_stats.clip_high,
+            "clip_dual": clip_stats.clip_dual,
+            "controlled": (
+                torch.zeros((), dtype=f32, device=logprobs.device)
+                if controlled is None
+                else (controlled & valid).sum().to(f32)
+            ),
+            "pg_loss": pg_loss.detach().to(f32),
+            "ratio_sum": _valid_sum(ratio, valid),
+        }
         if token_weights is not None:
             stats["weight_sum"] = _valid_sum(token_weights, valid)
-    return loss, stats
+    return stats

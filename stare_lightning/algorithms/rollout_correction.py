@@ -21,6 +21,11 @@ from typing import Literal
 
 import torch
 
+__all__ = ["MISMATCH_LEVELS", "MISMATCH_MODES", "mismatch_is_weights"]
+
+MISMATCH_LEVELS = ("token", "sequence")
+MISMATCH_MODES = ("truncate", "mask")
+
 # exp() of a log-ratio beyond this would overflow fp32; any such ratio is far above every sensible cap.
 _MAX_LOG_RATIO = 80.0
 
@@ -35,6 +40,9 @@ def mismatch_is_weights(
     cap: float = 2.0,
 ) -> torch.Tensor:
     """Per-token weights ``[batch, time]`` correcting for sampling from the rollout engine.
+
+    ``level``, ``mode`` and ``cap`` are ``algorithm.mismatch_correction`` (when not ``none``), ``mismatch_mode``
+    and ``mismatch_cap``, checked by ``AlgorithmConfig`` (not here).
 
     Args:
         trainer_logprobs: log pi_train of the sampled tokens, ``[batch, time]``.
@@ -56,12 +64,6 @@ def mismatch_is_weights(
         )
     if trainer_logprobs.dim() != 2:
         raise ValueError(f"expected [batch, time] tensors, got {trainer_logprobs.dim()} dimensions")
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    if mode not in ("truncate", "mask"):
-        raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
-    if not cap > 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
 
     valid = mask.to(torch.bool)
     log_ratio = (trainer_logprobs.detach().float() - rollout_logprobs.detach().float()).masked_fill(~valid, 0.0)
@@ -71,6 +73,8 @@ def mismatch_is_weights(
     ratio = log_ratio.exp()
     if mode == "truncate":
         weights = ratio.clamp(max=cap)
-    else:
-        weights = torch.where(log_ratio <= torch.log(torch.tensor(cap, dtype=ratio.dtype)), ratio, torch.zeros_like(ratio))
+    else:  # mask
+        weights = torch.where(
+            log_ratio <= torch.log(torch.tensor(cap, dtype=ratio.dtype)), ratio, torch.zeros_like(ratio)
+        )
     return weights.masked_fill(~valid, 0.0)

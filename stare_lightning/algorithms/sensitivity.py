@@ -25,7 +25,6 @@ change that the project logs as `entropy/predicted_delta`.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -49,11 +48,11 @@ def entropy_sensitivity(logprobs: Tensor, entropy: Tensor, sum_p2: Tensor, sum_p
 def predicted_entropy_change(
     phi: Tensor,
     advantages: Tensor,
-    weights: Optional[Tensor],
+    weights: Tensor | None,
     mask: Tensor,
     step_size: float,
     *,
-    num_tokens: Optional[float] = None,
+    num_tokens: float | None = None,
 ) -> Tensor:
     """First-order change of the token-mean entropy for a logit step of size `step_size` (see module doc).
 

@@ -1,14 +1,12 @@
-"""STARE token weights, their selection scopes and the entropy-gated controller.
+"""STARE token weights and their selection scopes.
 
 What it implements: STARE (Surprisal-guided Token-level Advantage Reweighting for policy Entropy
-stability; Luo et al. 2026, arXiv 2606.19236), section 3 of docs/stare-method.md.
+stability; Luo et al. 2026, arXiv 2606.19236), docs/method.md section 3.
 Valid response tokens are split by advantage sign, T+ = {A > 0} and T- = {A < 0} (A = 0 is never
 selected). Within each set the tokens are ranked by surprisal -log pi(o), highest first, and the top
 k = max(1, ceil(P |T|)), capped at |T|, form L+ and L-. Weights: omega = W on L+ (variant O1), and
 also omega = M on L- (variant C2), omega = 1 elsewhere. When the gate is off every weight is 1.
-The controller opens the gate when the measured entropy is strictly below the target and, when
-adaptive, moves W up and M down by alpha while entropy is below target (and back otherwise),
-clipped to [1, w_max] and [m_min, 1].
+The gate and the (adaptive) W and M come from ``stare_controller.STAREController``.
 
 Conventions this module fixes where the paper leaves room:
 - P = 0 selects nothing (the max(1, .) floor applies only for P > 0); an empty set selects nothing.
@@ -22,32 +20,26 @@ Departures from the paper and its reference code (which selects inside each micr
 GPU): the default scope is the whole step batch, gathered across ranks, so the weights do not depend
 on the micro-batch size nor on the number of devices; `micro_batch`, `sequence` and `group` scopes
 are also offered. A `sensitivity` selector ranks by the exact entropy sensitivity Phi instead of
-surprisal. The adaptive W/M apply from the step after the measurement by default (the paper's
-formula); `timing="same_step"` reproduces the reference code, which applies them at once.
+surprisal. Settings are range-checked once, by ``AlgorithmConfig``; these functions check shapes only.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from stare_lightning.algorithms.surrogates import broadcast_advantages
+from stare_lightning.distributed import gather_variable_length
+from stare_lightning.distributed import rank as global_rank
 
 __all__ = [
-    "STARE_VARIANTS",
-    "STARE_SELECTORS",
     "STARE_SCOPES",
-    "STARE_TIMINGS",
-    "StareStats",
-    "StepParams",
-    "STAREController",
-    "gather_variable_length",
+    "STARE_SELECTORS",
+    "STARE_VARIANTS",
+    "STAREStats",
     "stare_token_weights",
     "stare_weights_for_scope",
 ]
@@ -55,18 +47,18 @@ __all__ = [
 STARE_VARIANTS = ("O1", "C2")
 STARE_SELECTORS = ("surprisal", "sensitivity")
 STARE_SCOPES = ("step", "micro_batch", "sequence", "group")
-STARE_TIMINGS = ("next_step", "same_step")
 
 _CEIL_TOL = 1e-7
 
+TensorOrList = Tensor | Sequence[Tensor]
+
 
 @dataclass
-class StareStats:
+class STAREStats:
     """Selection counts over the valid tokens given (float32 0-d tensors, summable across micro-batches and ranks).
 
     selected_pos = |L+|, selected_neg = |L-|, num_pos = |T+|, num_neg = |T-|, num_valid = valid tokens;
     selected: bool [B, T], True on L+ and L- (split them with the sign of A); gate_on: the gate used.
-    selected_frac/pos = selected_pos / num_pos (once summed over the step).
     For scope "step" the counts are this caller's share of the step-wide selection.
     """
 
@@ -79,25 +71,21 @@ class StareStats:
     gate_on: bool
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+@dataclass(frozen=True)
+class _Rule:
+    """How selected tokens are weighted: the variant, P, W, M and the gate."""
+
+    variant: str = "O1"
+    top_ratio: float = 0.1
+    w: float = 1.1
+    m: float = 0.9
+    gate_on: bool = True
+    selector: str = "surprisal"
 
 
-def _check_stare_args(variant: str, top_ratio: float, w: float, m: float, selector: str) -> None:
-    if variant not in STARE_VARIANTS:
-        raise ValueError(f"variant={variant!r} is not allowed: choose one of {STARE_VARIANTS}")
-    if not _is_number(top_ratio) or not 0.0 <= top_ratio <= 1.0:
-        raise ValueError(f"top_ratio={top_ratio!r} is out of range: must be a number in [0, 1]")
-    if not _is_number(w) or not (math.isfinite(w) and w > 0):
-        raise ValueError(f"w={w!r} is out of range: must be a finite number > 0 (a weight never flips a gradient)")
-    if not _is_number(m) or not (math.isfinite(m) and m > 0):
-        raise ValueError(f"m={m!r} is out of range: must be a finite number > 0 (a weight never flips a gradient)")
-    if selector not in STARE_SELECTORS:
-        raise ValueError(f"selector={selector!r} is not allowed: choose one of {STARE_SELECTORS}")
-
-
-def _select_top(scores: Tensor, adv: Tensor, seg: Optional[Tensor], num_seg: int, top_ratio: float
-                ) -> Tuple[Tensor, Tensor]:
+def _select_top(
+    scores: Tensor, adv: Tensor, seg: Tensor | None, num_seg: int, top_ratio: float
+) -> tuple[Tensor, Tensor]:
     """L+ and L- membership (bool [N]) over a 1-D stream of valid tokens, selected within each segment.
 
     Tokens are ordered by (segment, score descending, stream position); the first k of each
@@ -126,55 +114,18 @@ def _select_top(scores: Tensor, adv: Tensor, seg: Optional[Tensor], num_seg: int
     return sel_pos, sel_neg
 
 
-def gather_variable_length(t: Tensor) -> Tensor:
-    """All ranks' 1-D tensors concatenated in rank order; `t` itself when torch.distributed is not initialised.
+@dataclass
+class _Stream:
+    """The valid tokens of several [B_i, T_i] parts as one 1-D stream, in row-major order part by part."""
 
-    Pads each rank's tensor to the longest with zeros for `all_gather`, then strips the padding.
-    Every rank of the default process group must call it. No gradient flows through it.
-    """
-    if t.dim() != 1:
-        raise ValueError(f"t has shape {tuple(t.shape)}; expected a 1-D tensor")
-    if not (dist.is_available() and dist.is_initialized()):
-        return t
-    world = dist.get_world_size()
-    if world == 1:
-        return t
-    n = torch.tensor([t.numel()], dtype=torch.long, device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    lengths = [int(s.item()) for s in sizes]
-    longest = max(lengths)
-    if longest == 0:
-        return t
-    padded = torch.zeros(longest, dtype=t.dtype, device=t.device)
-    padded[: t.numel()] = t.detach()
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:k] for p, k in zip(parts, lengths)])
+    scores: Tensor  # float64 ranking score (surprisal or Phi)
+    advantages: Tensor  # float64
+    segments: Tensor | None  # segment id of each token, None when there is one segment
+    valid: list[Tensor]  # bool [B_i, T_i] per part
+    advantages_full: list[Tensor]  # [B_i, T_i] per part
 
 
-TensorOrList = Union[Tensor, Sequence[Tensor]]
-
-
-def _weights_from_parts(
-    logprobs: List[Tensor],
-    advantages: List[Tensor],
-    masks: List[Tensor],
-    sensitivity: Optional[List[Tensor]],
-    *,
-    seg_of_row: Callable[[int, int, int], Tensor],
-    num_seg: int,
-    gather: Optional[Callable[[Tensor], Tensor]],
-    rank: Optional[int],
-    variant: str,
-    top_ratio: float,
-    w: float,
-    m: float,
-    gate_on: bool,
-    selector: str,
-    device: torch.device,
-) -> Tuple[List[Tensor], List[StareStats]]:
-    """Selection over the concatenated valid-token streams of several [B_i, T_i] parts."""
+def _stream(logprobs, advantages, masks, sensitivity, selector, seg_of_row, num_seg, device) -> _Stream:
     scores, advs, segs, valids, advs_full = [], [], [], [], []
     row0 = 0
     for i, (lp, a, mk) in enumerate(zip(logprobs, advantages, masks)):
@@ -199,50 +150,61 @@ def _weights_from_parts(
         valids.append(valid)
         advs_full.append(a_full)
         row0 += lp.shape[0]
-    local_scores = torch.cat(scores) if scores else torch.zeros(0, dtype=torch.float64, device=device)
-    local_adv = torch.cat(advs) if advs else torch.zeros(0, dtype=torch.float64, device=device)
-    local_seg = torch.cat(segs) if num_seg > 1 else None
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    return _Stream(
+        scores=torch.cat(scores) if scores else empty,
+        advantages=torch.cat(advs) if advs else empty,
+        segments=torch.cat(segs) if num_seg > 1 else None,
+        valid=valids,
+        advantages_full=advs_full,
+    )
 
-    if gather is not None:
-        n_local = local_scores.numel()
-        lengths = gather(torch.tensor([n_local], dtype=torch.float64, device=local_scores.device))
-        if rank is None:
-            rank = dist.get_rank() if (dist.is_available() and dist.is_initialized()) else 0
-        offset = int(lengths[:rank].sum().item())
-        all_scores = gather(local_scores)
-        all_adv = gather(local_adv)
-        sel_pos, sel_neg = _select_top(all_scores, all_adv, None, 1, top_ratio)
-        sel_pos = sel_pos[offset: offset + n_local]
-        sel_neg = sel_neg[offset: offset + n_local]
-    else:
-        sel_pos, sel_neg = _select_top(local_scores, local_adv, local_seg, num_seg, top_ratio)
 
+def _part_results(
+    stream: _Stream, sel_pos: Tensor, sel_neg: Tensor, rule: _Rule
+) -> tuple[list[Tensor], list[STAREStats]]:
+    """Split the stream's selection back into per-part weights and stats."""
     weights_out, stats_out = [], []
     start = 0
-    for valid, a_full in zip(valids, advs_full):
+    for valid, a_full in zip(stream.valid, stream.advantages_full):
         n = int(valid.sum().item())
-        sp, sn = sel_pos[start: start + n], sel_neg[start: start + n]
+        sp, sn = sel_pos[start : start + n], sel_neg[start : start + n]
         start += n
         weights = torch.ones(valid.shape, dtype=torch.float32, device=valid.device)
-        if gate_on:
+        if rule.gate_on:
             vals = torch.ones(n, dtype=torch.float32, device=valid.device)
-            vals[sp] = float(w)
-            if variant == "C2":
-                vals[sn] = float(m)
+            vals[sp] = float(rule.w)
+            if rule.variant == "C2":
+                vals[sn] = float(rule.m)
             weights[valid] = vals
         selected = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
         selected[valid] = sp | sn
-        stats_out.append(StareStats(
-            selected_pos=sp.sum().to(torch.float32),
-            selected_neg=sn.sum().to(torch.float32),
-            num_pos=(valid & (a_full > 0)).sum().to(torch.float32),
-            num_neg=(valid & (a_full < 0)).sum().to(torch.float32),
-            num_valid=valid.sum().to(torch.float32),
-            selected=selected,
-            gate_on=bool(gate_on),
-        ))
+        stats_out.append(
+            STAREStats(
+                selected_pos=sp.sum().to(torch.float32),
+                selected_neg=sn.sum().to(torch.float32),
+                num_pos=(valid & (a_full > 0)).sum().to(torch.float32),
+                num_neg=(valid & (a_full < 0)).sum().to(torch.float32),
+                num_valid=valid.sum().to(torch.float32),
+                selected=selected,
+                gate_on=bool(rule.gate_on),
+            )
+        )
         weights_out.append(weights)
     return weights_out, stats_out
+
+
+def _select(
+    stream: _Stream, num_seg: int, top_ratio: float, gather: Callable[[Tensor], Tensor] | None, rank: int | None
+) -> tuple[Tensor, Tensor]:
+    """Select within each segment locally, or (``gather`` given) over all ranks' streams concatenated."""
+    if gather is None:
+        return _select_top(stream.scores, stream.advantages, stream.segments, num_seg, top_ratio)
+    n_local = stream.scores.numel()
+    lengths = gather(torch.tensor([n_local], dtype=torch.float64, device=stream.scores.device))
+    offset = int(lengths[: global_rank() if rank is None else rank].sum().item())
+    sel_pos, sel_neg = _select_top(gather(stream.scores), gather(stream.advantages), None, 1, top_ratio)
+    return sel_pos[offset : offset + n_local], sel_neg[offset : offset + n_local]
 
 
 def stare_token_weights(
@@ -250,28 +212,34 @@ def stare_token_weights(
     advantages: Tensor,
     mask: Tensor,
     *,
-    variant: str = "O1",
-    top_ratio: float = 0.1,
-    w: float = 1.1,
-    m: float = 0.9,
-    gate_on: bool = True,
-    selector: str = "surprisal",
-    sensitivity: Optional[Tensor] = None,
-) -> Tuple[Tensor, StareStats]:
+    sensitivity: Tensor | None = None,
+    **rule,
+) -> tuple[Tensor, STAREStats]:
     """STARE weights [B, T] (float32, no gradient) selected over exactly the tokens given.
 
     logprobs: [B, T] log pi(o) (surprisal = -logprobs); advantages: [B] or [B, T]; mask: [B, T];
     sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first).
+    ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal").
     """
-    _check_stare_args(variant, top_ratio, w, m, selector)
-    with torch.no_grad():
-        weights, stats = _weights_from_parts(
-            [logprobs], [advantages], [mask], None if sensitivity is None else [sensitivity],
-            seg_of_row=lambda i, r0, b: torch.zeros(b, dtype=torch.long), num_seg=1, gather=None, rank=None,
-            variant=variant, top_ratio=top_ratio, w=w, m=m, gate_on=gate_on, selector=selector,
-            device=logprobs.device,
+    return stare_weights_for_scope(logprobs, advantages, mask, scope="micro_batch", sensitivity=sensitivity, **rule)
+
+
+def _segments(scope: str, num_parts: int, total_rows: int, group_size: int | None, device):
+    """(number of segments, segment id of each row of part i starting at global row r0)."""
+    if scope in ("step", "micro_batch") and (scope == "step" or num_parts == 1):
+        return 1, lambda i, r0, b: torch.zeros(b, dtype=torch.long, device=device)
+    if scope == "micro_batch":
+        return num_parts, lambda i, r0, b: torch.full((b,), i, dtype=torch.long, device=device)
+    if scope == "sequence":
+        return total_rows, lambda i, r0, b: torch.arange(r0, r0 + b, dtype=torch.long, device=device)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or total_rows % group_size:
+        raise ValueError(
+            f"group_size={group_size!r} must be an integer >= 1 dividing the number of rows ({total_rows})"
         )
-    return weights[0], stats[0]
+    return (
+        total_rows // group_size,
+        lambda i, r0, b: torch.arange(r0, r0 + b, dtype=torch.long, device=device) // group_size,
+    )
 
 
 def stare_weights_for_scope(
@@ -280,196 +248,43 @@ def stare_weights_for_scope(
     mask: TensorOrList,
     *,
     scope: str = "step",
-    group_size: Optional[int] = None,
-    gather: Optional[Callable[[Tensor], Tensor]] = None,
-    rank: Optional[int] = None,
-    **stare_kwargs,
+    group_size: int | None = None,
+    gather: Callable[[Tensor], Tensor] | None = None,
+    rank: int | None = None,
+    sensitivity: TensorOrList | None = None,
+    **rule,
 ):
     """STARE weights with the selection scope made explicit.
 
     Inputs are [B, T] tensors, or lists of them (e.g. the step's micro-batches, each with its own
     padding); the output has the same structure: (weights, stats) or ([weights...], [stats...]).
-    scope:
-      "step": one selection over all valid tokens given, concatenated across ranks by `gather`
-        (default `gather_variable_length`, the identity when torch.distributed is not initialised;
-        pass `gather=lambda t: t` to stay local). The weights do not depend on how the tokens are
-        split into parts, on padding, nor on the number of ranks. Every rank must call it.
-        `rank` is this process's index in `gather`'s concatenation (default: the global rank).
-        The other scopes never communicate and ignore `gather` and `rank`.
-      "micro_batch": a separate selection inside each part (the reference code's behaviour).
-      "sequence": a separate selection inside each row.
-      "group": a separate selection inside each block of `group_size` consecutive rows, counted
-        across the parts in order (the total number of rows must be a multiple of group_size).
-    Remaining keyword arguments are those of `stare_token_weights`.
+    scope: "step", one selection over all valid tokens given, concatenated across ranks by `gather`
+    (default `gather_variable_length`, the identity on one process; `gather=lambda t: t` stays local;
+    `rank` is this process's place in that concatenation, by default its global rank; every rank must
+    call it); "micro_batch", a separate selection inside each part (the reference code's behaviour);
+    "sequence", inside each row; "group", inside each block of `group_size` consecutive rows counted
+    across the parts (the rows must be a multiple of group_size). Only "step" communicates.
+    ``rule``: as for `stare_token_weights`.
     """
     if scope not in STARE_SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed: choose one of {STARE_SCOPES}")
-    unknown = set(stare_kwargs) - {"variant", "top_ratio", "w", "m", "gate_on", "selector", "sensitivity"}
+    unknown = set(rule) - set(_Rule.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown STARE arguments {sorted(unknown)}")
-    variant = stare_kwargs.get("variant", "O1")
-    top_ratio = stare_kwargs.get("top_ratio", 0.1)
-    w = stare_kwargs.get("w", 1.1)
-    m = stare_kwargs.get("m", 0.9)
-    gate_on = stare_kwargs.get("gate_on", True)
-    selector = stare_kwargs.get("selector", "surprisal")
-    sensitivity = stare_kwargs.get("sensitivity", None)
-    _check_stare_args(variant, top_ratio, w, m, selector)
-
+    rule = _Rule(**rule)
     single = isinstance(logprobs, Tensor)
-    lps = [logprobs] if single else list(logprobs)
-    advs = [advantages] if single else list(advantages)
-    masks = [mask] if single else list(mask)
-    if sensitivity is not None:
-        sens = [sensitivity] if single else list(sensitivity)
-    else:
-        sens = None
+
+    def parts(x):
+        return None if x is None else ([x] if single else list(x))
+
+    lps, advs, masks, sens = parts(logprobs), parts(advantages), parts(mask), parts(sensitivity)
     if not (len(lps) == len(advs) == len(masks)) or (sens is not None and len(sens) != len(lps)):
         raise ValueError("logprobs, advantages, mask (and sensitivity) must have the same number of parts")
-    rows = [x.shape[0] for x in lps]
-    total_rows = sum(rows)
     device = lps[0].device if lps else torch.device("cpu")
-
-    gather_fn = None
-    if scope == "step":
-        num_seg = 1
-        gather_fn = gather if gather is not None else gather_variable_length
-
-        def seg_of_row(i, r0, b):
-            return torch.zeros(b, dtype=torch.long, device=device)
-    elif scope == "micro_batch":
-        num_seg = len(lps)
-
-        def seg_of_row(i, r0, b):
-            return torch.full((b,), i, dtype=torch.long, device=device)
-    elif scope == "sequence":
-        num_seg = total_rows
-
-        def seg_of_row(i, r0, b):
-            return torch.arange(r0, r0 + b, dtype=torch.long, device=device)
-    else:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size={group_size!r} is out of range: scope 'group' needs an integer >= 1")
-        if total_rows % group_size != 0:
-            raise ValueError(f"group_size={group_size} does not divide the number of rows ({total_rows})")
-        num_seg = total_rows // group_size
-
-        def seg_of_row(i, r0, b):
-            return torch.arange(r0, r0 + b, dtype=torch.long, device=device) // group_size
-
+    num_seg, seg_of_row = _segments(scope, len(lps), sum(x.shape[0] for x in lps), group_size, device)
     with torch.no_grad():
-        weights, stats = _weights_from_parts(
-            lps, advs, masks, sens, seg_of_row=seg_of_row, num_seg=max(num_seg, 1), gather=gather_fn, rank=rank,
-            variant=variant, top_ratio=top_ratio, w=w, m=m, gate_on=gate_on, selector=selector, device=device,
-        )
-    if single:
-        return weights[0], stats[0]
-    return weights, stats
-
-
-@dataclass
-class StepParams:
-    """What STARE uses in one step: the gate and the weights W (on L+) and M (on L-)."""
-
-    gate_on: bool
-    w: float
-    m: float
-
-
-class STAREController:
-    """Entropy gate and (optionally adaptive) weights, one `update` per optimizer step.
-
-    update(H) measures the step's batch entropy H and returns the StepParams for THIS step:
-    gate_on = H < target_entropy (strict). When adaptive, W <- clip(W + alpha sign(H_tgt - H), 1, w_max)
-    and M <- clip(M - alpha sign(H_tgt - H), m_min, 1); with timing "next_step" this step uses the
-    values from before the update, with "same_step" the updated values.
-    Attributes: gate_on, w, m (the values the NEXT update starts from), last_entropy, last_params.
-    A non-finite entropy leaves the state unchanged, warns, and returns the previous step's params.
-    """
-
-    def __init__(
-        self,
-        target_entropy: float = 0.3,
-        w: float = 1.1,
-        m: float = 0.9,
-        adaptive: bool = False,
-        alpha: float = 0.01,
-        w_max: float = 1.5,
-        m_min: float = 0.5,
-        timing: str = "next_step",
-    ) -> None:
-        if not _is_number(target_entropy) or not (math.isfinite(target_entropy) and target_entropy >= 0):
-            raise ValueError(f"target_entropy={target_entropy!r} is out of range: must be a finite number >= 0")
-        if not _is_number(alpha) or not (math.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha={alpha!r} is out of range: must be a finite number >= 0")
-        if not _is_number(w_max) or not (math.isfinite(w_max) and w_max >= 1):
-            raise ValueError(f"w_max={w_max!r} is out of range: must be a finite number >= 1")
-        if not _is_number(m_min) or not (0 < m_min <= 1):
-            raise ValueError(f"m_min={m_min!r} is out of range: must be a number in (0, 1]")
-        if not _is_number(w) or not (math.isfinite(w) and w > 0):
-            raise ValueError(f"w={w!r} is out of range: must be a finite number > 0")
-        if not _is_number(m) or not (math.isfinite(m) and m > 0):
-            raise ValueError(f"m={m!r} is out of range: must be a finite number > 0")
-        if adaptive and not 1 <= w <= w_max:
-            raise ValueError(f"w={w!r} is out of range: with adaptive=True it must lie in [1, w_max={w_max}]")
-        if adaptive and not m_min <= m <= 1:
-            raise ValueError(f"m={m!r} is out of range: with adaptive=True it must lie in [m_min={m_min}, 1]")
-        if timing not in STARE_TIMINGS:
-            raise ValueError(f"timing={timing!r} is not allowed: choose one of {STARE_TIMINGS}")
-        self.target_entropy = float(target_entropy)
-        self.adaptive = bool(adaptive)
-        self.alpha = float(alpha)
-        self.w_max = float(w_max)
-        self.m_min = float(m_min)
-        self.timing = timing
-        self.w = float(w)
-        self.m = float(m)
-        self.gate_on = False
-        self.last_entropy: Optional[float] = None
-        self.last_params = StepParams(gate_on=False, w=self.w, m=self.m)
-        self.num_updates = 0
-
-    def update(self, entropy: Union[float, Tensor]) -> StepParams:
-        value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
-        if not math.isfinite(value):
-            warnings.warn(
-                f"STAREController.update got a non-finite entropy ({value}); keeping the previous state",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return StepParams(self.last_params.gate_on, self.last_params.w, self.last_params.m)
-        gate_on = value < self.target_entropy
-        before = (self.w, self.m)
-        if self.adaptive:
-            direction = float((self.target_entropy > value) - (self.target_entropy < value))
-            self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
-            self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
-        use_w, use_m = before if self.timing == "next_step" else (self.w, self.m)
-        self.gate_on = gate_on
-        self.last_entropy = value
-        self.last_params = StepParams(gate_on=gate_on, w=use_w, m=use_m)
-        self.num_updates += 1
-        return StepParams(gate_on, use_w, use_m)
-
-    def state_dict(self) -> Dict[str, object]:
-        return {
-            "gate_on": self.gate_on,
-            "w": self.w,
-            "m": self.m,
-            "last_entropy": self.last_entropy,
-            "last_params": {"gate_on": self.last_params.gate_on, "w": self.last_params.w, "m": self.last_params.m},
-            "num_updates": self.num_updates,
-        }
-
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        missing = {"gate_on", "w", "m", "last_entropy", "last_params", "num_updates"} - set(state)
-        if missing:
-            raise ValueError(f"STAREController state is missing keys {sorted(missing)}")
-        self.gate_on = bool(state["gate_on"])
-        self.w = float(state["w"])
-        self.m = float(state["m"])
-        last = state["last_entropy"]
-        self.last_entropy = None if last is None else float(last)
-        lp = state["last_params"]
-        self.last_params = StepParams(gate_on=bool(lp["gate_on"]), w=float(lp["w"]), m=float(lp["m"]))
-        self.num_updates = int(state["num_updates"])
+        stream = _stream(lps, advs, masks, sens, rule.selector, seg_of_row, num_seg, device)
+        step_gather = (gather or gather_variable_length) if scope == "step" else None
+        sel_pos, sel_neg = _select(stream, num_seg, rule.top_ratio, step_gather, rank)
+        weights, stats = _part_results(stream, sel_pos, sel_neg, rule)
+    return (weights[0], stats[0]) if single else (weights, stats)

@@ -23,9 +23,7 @@ before exponentiation, for numerical safety only (exp(20) ~ 5e8; the gradient is
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -38,6 +36,7 @@ __all__ = [
     "SurrogateStats",
     "aggregate_loss",
     "broadcast_advantages",
+    "clip_masks",
     "clipped_surrogate",
     "entropy_bonus",
     "kl_penalty",
@@ -47,11 +46,7 @@ AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-no
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOG_RATIO_CLAMP = 20.0
 
-Count = Union[int, float, Tensor]
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+Count = int | float | Tensor
 
 
 @dataclass
@@ -60,27 +55,22 @@ class LossNormalizer:
 
     num_tokens: valid response tokens; num_sequences: sequences with at least one valid token;
     max_response_length: the constant length of `seq-mean-token-sum-norm` (needed by that mode only).
-    Counts may be Python numbers or 0-d tensors (e.g. after an all-reduce).
+    Counts may be Python numbers or 0-d tensors (e.g. after an all-reduce); they come from masks, so only
+    their shape is checked here.
     """
 
     num_tokens: Count
     num_sequences: Count
-    max_response_length: Optional[int] = None
+    max_response_length: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_tokens", "num_sequences"):
             value = getattr(self, name)
-            if isinstance(value, Tensor):
-                if value.numel() != 1:
-                    raise ValueError(f"{name} has shape {tuple(value.shape)}; expected a scalar count")
-            elif not _is_number(value) or not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name}={value!r} is out of range: must be a finite count >= 0")
-        mrl = self.max_response_length
-        if mrl is not None and (isinstance(mrl, bool) or not isinstance(mrl, int) or mrl < 1):
-            raise ValueError(f"max_response_length={mrl!r} is out of range: must be an integer >= 1 or None")
+            if isinstance(value, Tensor) and value.numel() != 1:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; expected a scalar count")
 
     @classmethod
-    def from_mask(cls, mask: Tensor, max_response_length: Optional[int] = None) -> "LossNormalizer":
+    def from_mask(cls, mask: Tensor, max_response_length: int | None = None) -> LossNormalizer:
         """Counts of one [B, T] mask, as Python ints (sum them over micro-batches and ranks for a step)."""
         valid = mask.to(torch.bool)
         return cls(
@@ -105,21 +95,13 @@ class SurrogateStats:
     tokens: Tensor
 
 
-def _check_finite_number(name: str, value, *, low: float, low_inclusive: bool = True, high: float = math.inf,
-                         high_inclusive: bool = True, allow_inf: bool = False, allowed: str) -> None:
-    ok = _is_number(value) and not math.isnan(value) and (allow_inf or math.isfinite(value))
-    if ok:
-        ok = (value >= low if low_inclusive else value > low) and (value <= high if high_inclusive else value < high)
-    if not ok:
-        raise ValueError(f"{name}={value!r} is out of range: {allowed}")
-
-
 def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     """[B] or [B, T] advantages as [B, T] (a view when broadcasting)."""
     if advantages.dim() == 1:
         if advantages.shape[0] != like.shape[0]:
-            raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [{like.shape[0]}] or "
-                             f"{list(like.shape)}")
+            raise ValueError(
+                f"advantages has shape {tuple(advantages.shape)}; expected [{like.shape[0]}] or {list(like.shape)}"
+            )
         return advantages.unsqueeze(1).expand_as(like)
     if advantages.shape != like.shape:
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [B] or {list(like.shape)}")
@@ -131,6 +113,16 @@ def _check_pair(name: str, x: Tensor, like: Tensor) -> None:
         raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {tuple(like.shape)}")
 
 
+def clip_masks(
+    ratio: Tensor, advantages: Tensor, valid: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """Valid tokens where the PPO clip removes the gradient: low, A < 0 and r < 1 - eps_low; high,
+    A > 0 and r > 1 + eps_high. ``advantages`` are per token [B, T], like ``ratio``."""
+    low = valid & (advantages < 0) & (ratio < 1.0 - eps_low)
+    high = valid & (advantages > 0) & (ratio > 1.0 + eps_high)
+    return low, high
+
+
 def clipped_surrogate(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -139,13 +131,14 @@ def clipped_surrogate(
     *,
     eps_low: float,
     eps_high: float,
-    dual_clip_c: Optional[float] = None,
-    token_weights: Optional[Tensor] = None,
-) -> Tuple[Tensor, SurrogateStats]:
+    dual_clip_c: float | None = None,
+    token_weights: Tensor | None = None,
+) -> tuple[Tensor, SurrogateStats]:
     """Per-token PPO loss [B, T] (0 at masked positions) and clip counts.
 
     eps_low in [0, 1] (1 disables the lower clip since r >= 0); eps_high >= 0 (inf disables the upper
     clip); dual_clip_c None or a finite number > 1. token_weights [B, T] multiply the clipped loss.
+    The scalars are not checked here: `AlgorithmConfig` checks the algorithm.clip_eps_* / dual_clip_c keys.
     """
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs has shape {tuple(logprobs.shape)}; expected [B, T]")
@@ -153,11 +146,6 @@ def clipped_surrogate(
     _check_pair("mask", mask, logprobs)
     if token_weights is not None:
         _check_pair("token_weights", token_weights, logprobs)
-    _check_finite_number("eps_low", eps_low, low=0.0, high=1.0, allowed="must be a number in [0, 1]")
-    _check_finite_number("eps_high", eps_high, low=0.0, allow_inf=True, allowed="must be a number >= 0 (inf allowed)")
-    if dual_clip_c is not None:
-        _check_finite_number("dual_clip_c", dual_clip_c, low=1.0, low_inclusive=False,
-                             allowed="must be None or a finite number > 1")
     adv = broadcast_advantages(advantages, logprobs)
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     adv = adv.to(dtype)
@@ -169,12 +157,10 @@ def clipped_surrogate(
     loss = torch.maximum(unclipped, clipped)
     with torch.no_grad():
         r = ratio.detach()
-        neg = valid & (adv < 0)
-        pos = valid & (adv > 0)
-        clip_low = (neg & (r < 1.0 - eps_low)).sum().to(torch.float32)
-        clip_high = (pos & (r > 1.0 + eps_high)).sum().to(torch.float32)
+        low, high = clip_masks(r, adv, valid, eps_low, eps_high)
+        clip_low, clip_high = low.sum().to(torch.float32), high.sum().to(torch.float32)
         if dual_clip_c is not None:
-            clip_dual = (neg & (r > dual_clip_c)).sum().to(torch.float32)
+            clip_dual = (valid & (adv < 0) & (r > dual_clip_c)).sum().to(torch.float32)
         else:
             clip_dual = torch.zeros((), dtype=torch.float32, device=logprobs.device)
         tokens = valid.sum().to(torch.float32)
@@ -193,9 +179,10 @@ def _as_count(value: Count, like: Tensor) -> Tensor:
 
 
 def aggregate_loss(per_token_loss: Tensor, mask: Tensor, mode: str, normalizer: LossNormalizer) -> Tensor:
-    """Scalar loss of one micro-batch under the step-global `normalizer` (see module doc)."""
-    if mode not in AGGREGATION_MODES:
-        raise ValueError(f"mode={mode!r} is not allowed: choose one of {AGGREGATION_MODES}")
+    """Scalar loss of one micro-batch under the step-global `normalizer` (see module doc).
+
+    `mode` is one of AGGREGATION_MODES (algorithm.loss_agg, checked by `AlgorithmConfig`).
+    """
     if per_token_loss.dim() != 2:
         raise ValueError(f"per_token_loss has shape {tuple(per_token_loss.shape)}; expected [B, T]")
     _check_pair("mask", mask, per_token_loss)
@@ -208,16 +195,20 @@ def aggregate_loss(per_token_loss: Tensor, mask: Tensor, mode: str, normalizer: 
     if mode == "seq-mean-token-mean":
         per_seq = masked.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1).to(masked.dtype)
         return per_seq.sum() / num_seq
+    # seq-mean-token-sum-norm
     if normalizer.max_response_length is None:
-        raise ValueError("normalizer.max_response_length=None is not allowed with mode 'seq-mean-token-sum-norm': "
-                         "give the constant length (an integer >= 1)")
+        raise ValueError(
+            "normalizer.max_response_length=None is not allowed with mode 'seq-mean-token-sum-norm': "
+            "give the constant length (an integer >= 1)"
+        )
     return masked.sum() / (num_seq * normalizer.max_response_length)
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs (see module doc)."""
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"estimator={estimator!r} is not allowed: choose one of {KL_ESTIMATORS}")
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs (see module doc).
+
+    `estimator` is one of KL_ESTIMATORS (algorithm.kl_estimator, checked by `AlgorithmConfig`).
+    """
     _check_pair("ref_logprobs", ref_logprobs, logprobs)
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     d = ref_logprobs.to(dtype) - logprobs.to(dtype)
@@ -225,6 +216,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
         return -d
     if estimator == "k2":
         return 0.5 * d * d
+    # k3
     d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(d) - d - 1.0
 

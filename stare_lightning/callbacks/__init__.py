@@ -1,4 +1,4 @@
-"""Callbacks: entropy guard, rollout sample dump, end-of-fit summary, a final-state checkpoint (early stopping is Lightning's)."""
+"""Callbacks: entropy guard, rollout sample dump, end-of-fit summary, final-state checkpoint."""
 
 from stare_lightning.callbacks.entropy_guard import EntropyGuard
 from stare_lightning.callbacks.final_checkpoint import FinalStateCheckpoint

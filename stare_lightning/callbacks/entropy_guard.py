@@ -7,16 +7,25 @@ import warnings
 import lightning
 from lightning.pytorch.callbacks import Callback
 
+from stare_lightning.config.checks import choice, number
+
 
 class EntropyGuard(Callback):
-    def __init__(self, low: float = 0.01, high: float = 10.0, patience: int = 20, action: str = "warn",
-                 metric: str = "train/entropy") -> None:
-        if action not in ("warn", "stop"):
-            raise ValueError(f"callbacks.entropy_guard.action={action!r} is not allowed; choose one of ['warn', 'stop']")
-        if not 0 <= low < high:
-            raise ValueError(f"callbacks.entropy_guard needs 0 <= low < high, got low={low}, high={high}")
-        if patience < 1:
-            raise ValueError(f"callbacks.entropy_guard.patience must be >= 1, got {patience}")
+    def __init__(
+        self,
+        low: float = 0.01,
+        high: float = 10.0,
+        patience: int = 20,
+        action: str = "warn",
+        metric: str = "train/entropy",
+    ) -> None:
+        p = "callbacks.entropy_guard."
+        choice(f"{p}action", action, ("warn", "stop"))
+        number(f"{p}low", low, low=0.0)
+        number(f"{p}high", high, allow_inf=True)
+        if not low < high:
+            raise ValueError(f"{p}high={high!r} is out of range: must be > {p}low={low!r}")
+        number(f"{p}patience", patience, low=1, integer=True)
         self.low, self.high, self.patience, self.action, self.metric = low, high, patience, action, metric
         self.steps_outside = 0
 

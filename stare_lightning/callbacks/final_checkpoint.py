@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 class FinalStateCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The skip check is False when this step is already saved, when not fitting and during sanity checks.
+        # The skip check is True when this step is already saved, when not fitting and during sanity checks.
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         super().on_train_end(trainer, pl_module)

@@ -8,15 +8,20 @@ from pathlib import Path
 import lightning
 from lightning.pytorch.callbacks import Callback
 
-VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/entropy", "val/response_length/mean")
+from stare_lightning.metrics.functional import QUADRANTS
+
+VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/response_length/mean")
 TRAIN_KEYS = ("train/entropy", "train/reward/mean", "train/distinct_correct", "train/stare/gate_on", "train/stare/w")
-QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
 
 class RunSummary(Callback):
-    """Collects validation results (the first one is the starting policy) and per-step training metrics."""
+    """Collects validation results (the first one is the starting policy) and per-step training metrics.
 
-    def __init__(self, png_name: str = "curves.png") -> None:
+    ``name``: what the table's title calls the run (the algorithm's name in ``fit``).
+    """
+
+    def __init__(self, name: str = "run", png_name: str = "curves.png") -> None:
+        self.name = name
         self.png_name = png_name
         self.validations: list[dict[str, float]] = []
         self.train_history: list[dict[str, float]] = []
@@ -56,7 +61,7 @@ class RunSummary(Callback):
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"stare_lightning: {pl_module.cfg.algorithm.name} after {trainer.global_step} steps")
+        table = Table(title=f"stare_lightning: {self.name} after {trainer.global_step} steps")
         for column in ("metric", "start", "end"):
             table.add_column(column)
         for row in self.rows():

@@ -5,7 +5,8 @@ from :mod:`stare_lightning.rewards`.
 """
 
 from .config import DataConfig
-from .datamodule import PromptDataModule, encode_prompt, render_prompt
+from .datamodule import PromptDataModule
+from .prompts import encode_prompt, render_prompt
 from .records import DataError, PromptRecord, load_records
 from .tasks import build_records, sft_examples, task_names
 

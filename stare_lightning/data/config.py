@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
 
+from ..config.checks import choice, number, text
 from ..rewards.registry import get_verifier, is_user_verifier_name
 from .tasks import STYLES, task_names, task_params
 
@@ -27,7 +27,7 @@ from .tasks import STYLES, task_names, task_params
 class DataConfig:
     """Where prompts come from and how they are batched. See the module docstring."""
 
-    task: Optional[str] = "countdown"
+    task: str | None = "countdown"
     task_kwargs: dict = field(default_factory=dict)
     prompt_style: str = "plain"  # plain | instruct
     train_files: list[str] = field(default_factory=list)
@@ -39,7 +39,7 @@ class DataConfig:
     val_batch_size: int = 64
     max_prompt_length: int = 64
     num_workers: int = 0
-    default_verifier: Optional[str] = None  # for file records that name no verifier (tasks set their own)
+    default_verifier: str | None = None  # for file records that name no verifier (tasks set their own)
     user_verifiers: list[str] = field(default_factory=list)  # package.module:function names records may use
     columns: dict = field(default_factory=dict)  # schema key -> field name in the files (dotted paths allowed)
     train_split: str = "train"  # split of a `datasets` source holding train_files
@@ -50,35 +50,47 @@ class DataConfig:
         for name in ("train_files", "val_files", "user_verifiers"):
             value = getattr(self, name)
             if isinstance(value, str) or not isinstance(value, Sequence):
-                raise ValueError(f"data.{name} must be a list of strings, got {value!r}")
+                raise ValueError(f"data.{name}={value!r} is not allowed: must be a list of strings")
             value = list(value)
             for i, item in enumerate(value):
-                if not isinstance(item, str) or not item:
-                    raise ValueError(f"data.{name}[{i}] must be a non-empty string, got {item!r}")
+                text(f"data.{name}[{i}]", item)
             setattr(self, name, value)
         for name in ("task_kwargs", "columns"):
             value = getattr(self, name)
             if not isinstance(value, Mapping):
-                raise ValueError(f"data.{name} must be a mapping, got {value!r}")
+                raise ValueError(f"data.{name}={value!r} is not allowed: must be a mapping")
             setattr(self, name, dict(value))
 
-        minimum = {"train_size": 1, "val_size": 0, "seed": 0, "prompts_per_step": 1, "val_batch_size": 1,
-                   "max_prompt_length": 1, "num_workers": 0}
+        minimum = {
+            "train_size": 1,
+            "val_size": 0,
+            "seed": 0,
+            "prompts_per_step": 1,
+            "val_batch_size": 1,
+            "max_prompt_length": 1,
+            "num_workers": 0,
+        }
         for name, low in minimum.items():
-            value = getattr(self, name)
-            if type(value) is not int:
-                raise ValueError(f"data.{name} must be an int, got {value!r}")
-            if value < low:
-                raise ValueError(f"data.{name} must be >= {low}, got {value}")
+            number(f"data.{name}", getattr(self, name), low=low, integer=True)
 
-        if self.prompt_style not in STYLES:
-            raise ValueError(f"data.prompt_style must be one of {list(STYLES)}, got {self.prompt_style!r}")
+        choice("data.prompt_style", self.prompt_style, STYLES)
+        self._check_source()
+        self._check_verifiers()
+
+        from .records import SCHEMA_KEYS
+
+        bad = sorted(set(self.columns) - set(SCHEMA_KEYS))
+        if bad:
+            raise ValueError(f"data.columns: unknown schema keys {bad}; allowed: {list(SCHEMA_KEYS)}")
+        for key, value in self.columns.items():
+            text(f"data.columns.{key}", value)
+        for name in ("train_split", "val_split"):
+            text(f"data.{name}", getattr(self, name))
+
+    def _check_source(self) -> None:
+        """Exactly one source: a built-in task (with valid keyword arguments) or training files."""
         if self.task is not None:
-            if self.task not in task_names():
-                raise ValueError(
-                    f"data.task must be one of {task_names()} or null (to train from data.train_files), "
-                    f"got {self.task!r}"
-                )
+            choice("data.task", self.task, (*task_names(), None))
             if self.train_files or self.val_files:
                 raise ValueError(
                     f"data.task={self.task!r} and data.train_files/val_files are both set; "
@@ -91,6 +103,8 @@ class DataConfig:
             if self.task_kwargs:
                 raise ValueError("data.task_kwargs is set but data.task is null; remove it or choose a task")
 
+    def _check_verifiers(self) -> None:
+        """User verifiers and the default verifier must name functions that exist."""
         for name in self.user_verifiers:
             if not is_user_verifier_name(name):
                 raise ValueError(f"data.user_verifiers: {name!r} is not of the form 'package.module:function'")
@@ -103,18 +117,6 @@ class DataConfig:
                 get_verifier(self.default_verifier)
             except ValueError as exc:
                 raise ValueError(f"data.default_verifier: {exc}") from None
-
-        from .records import SCHEMA_KEYS
-
-        bad = sorted(set(self.columns) - set(SCHEMA_KEYS))
-        if bad:
-            raise ValueError(f"data.columns: unknown schema keys {bad}; allowed: {list(SCHEMA_KEYS)}")
-        for key, value in self.columns.items():
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"data.columns.{key} must be a field name, got {value!r}")
-        for name in ("train_split", "val_split"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"data.{name} must be a non-empty string")
 
     def global_batch_size(self, world_size: int) -> int:
         """Prompts per optimizer step over all ranks."""

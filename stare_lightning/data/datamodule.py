@@ -7,11 +7,8 @@ item dicts::
 
 ``prompt_text`` is the rendered prompt (after the chat template, before truncation); ``prompt_ids`` keeps
 its last ``max_prompt_length`` tokens (left truncation: the end of a prompt, where the question and the
-generation prompt sit, survives; a leading BOS token goes with the rest). Chat records are rendered with the tokenizer's chat template
-(``add_generation_prompt=True``); a plain ``prompt`` string is wrapped as one user message when the prompt
-style is ``instruct`` and the tokenizer has a chat template, and is otherwise tokenised as it is
-(``add_special_tokens=True``: a BOS token is added by tokenizers that define one). ``encode_prompt`` is
-public so supervised training can encode prompts the same way.
+generation prompt sit, survives; a leading BOS token goes with the rest); rendering and encoding live in
+``prompts``.
 
 Training loader: infinite. Epoch ``e`` visits the training records in a permutation seeded by
 ``seed + e``, cut into global batches of ``prompts_per_step * world_size`` (the tail that does not fill a
@@ -36,79 +33,16 @@ from __future__ import annotations
 import math
 import random
 import warnings
-from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .config import DataConfig
+from .prompts import PromptEncoder, has_chat_template, render_prompt
 from .records import PromptRecord, load_records
 from .tasks import build_records
-
-
-def has_chat_template(tokenizer: Any) -> bool:
-    """True when the tokenizer carries a chat template."""
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def render_prompt(record: PromptRecord, tokenizer: Any, style: str) -> tuple[str, bool]:
-    """The prompt text to tokenise and whether it came from the chat template."""
-    if record.messages is not None:
-        if not has_chat_template(tokenizer):
-            raise ValueError(
-                f"record {record.id!r} holds chat messages but the tokenizer has no chat template; "
-                "use data.prompt_style=plain (built-in tasks) or a tokenizer with a chat template"
-            )
-        return tokenizer.apply_chat_template(record.messages, tokenize=False, add_generation_prompt=True), True
-    if style == "instruct" and has_chat_template(tokenizer):
-        messages = [{"role": "user", "content": record.prompt}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
-    return record.prompt, False
-
-
-def encode_prompt(record: PromptRecord, tokenizer: Any, *, style: str, max_length: int) -> tuple[list[int], str, bool]:
-    """``(prompt_ids, prompt_text, truncated)`` for one record; ids keep the last ``max_length`` tokens."""
-    text, templated = render_prompt(record, tokenizer, style)
-    ids = list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
-    if not ids:
-        raise ValueError(f"record {record.id!r}: the prompt encodes to no tokens")
-    truncated = len(ids) > max_length
-    if truncated:
-        ids = ids[-max_length:]
-    return ids, text, truncated
-
-
-class _Encoder:
-    """Turns records into item dicts; warns once about truncated prompts.
-
-    Nothing is cached: encoding a step's prompts costs milliseconds, while caching every prompt of a
-    large data set would cost memory on every rank.
-    """
-
-    def __init__(self, tokenizer: Any, style: str, max_length: int) -> None:
-        self.tokenizer = tokenizer
-        self.style = style
-        self.max_length = max_length
-        self._warned = False
-
-    def __call__(self, record: PromptRecord) -> dict:
-        ids, text, truncated = encode_prompt(record, self.tokenizer, style=self.style, max_length=self.max_length)
-        if truncated and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"prompt of record {record.id!r} is longer than data.max_prompt_length={self.max_length} tokens "
-                "and was left-truncated (further truncations are not reported)",
-                stacklevel=2,
-            )
-        return {
-            "id": record.id,
-            "prompt_ids": ids,
-            "prompt_text": text,
-            "answer": record.answer,
-            "verifier": record.verifier,
-            "metadata": dict(record.metadata),
-        }
 
 
 def epoch_order(num_records: int, seed: int, epoch: int) -> list[int]:
@@ -147,13 +81,6 @@ class TrainPromptStream(IterableDataset):
             )
         self.start_batch = start_batch
 
-    def batch_indices(self, batch: int) -> list[int]:
-        """Record indices this rank gets for global batch number ``batch`` (counted from the first epoch)."""
-        epoch, j = divmod(batch, self.batches_per_epoch)
-        order = epoch_order(len(self.records), self.seed, epoch)
-        lo = j * self.global_batch + self.rank * self.per_rank
-        return order[lo : lo + self.per_rank]
-
     def __iter__(self):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -172,8 +99,15 @@ class TrainPromptStream(IterableDataset):
 class ValPromptBatches(IterableDataset):
     """The finite validation batches of one rank (see the module docstring for the split)."""
 
-    def __init__(self, records: list[PromptRecord], encode: Callable[[PromptRecord], dict], *, batch_size: int,
-                 rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        records: list[PromptRecord],
+        encode: Callable[[PromptRecord], dict],
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.encode = encode
         shard = records[rank::world_size]
         largest = math.ceil(len(records) / world_size)
@@ -210,7 +144,7 @@ class PromptDataModule(L.LightningDataModule):
     """
 
     def __init__(
-        self, cfg: DataConfig, tokenizer: Any, *, rank: Optional[int] = None, world_size: Optional[int] = None
+        self, cfg: DataConfig, tokenizer: Any, *, rank: int | None = None, world_size: int | None = None
     ) -> None:
         super().__init__()
         if isinstance(cfg, Mapping):
@@ -224,11 +158,11 @@ class PromptDataModule(L.LightningDataModule):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self._rank_override, self._world_override = rank, world_size
-        self.train_records: Optional[list[PromptRecord]] = None
-        self.val_records: Optional[list[PromptRecord]] = None
+        self.train_records: list[PromptRecord] | None = None
+        self.val_records: list[PromptRecord] | None = None
         self.batches_consumed = 0
-        self._train_stream: Optional[TrainPromptStream] = None
-        self._encoder = _Encoder(tokenizer, cfg.prompt_style, cfg.max_prompt_length)
+        self._train_stream: TrainPromptStream | None = None
+        self._encoder = PromptEncoder(tokenizer, cfg.prompt_style, cfg.max_prompt_length)
 
     # -- topology --------------------------------------------------------------------------------
     @property
@@ -256,9 +190,9 @@ class PromptDataModule(L.LightningDataModule):
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self._encoder = _Encoder(tokenizer, self.cfg.prompt_style, self.cfg.max_prompt_length)
+        self._encoder = PromptEncoder(tokenizer, self.cfg.prompt_style, self.cfg.max_prompt_length)
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_records is None or not getattr(self, "_records_checked", False):
             self.load_records()
             self._check_records()
@@ -282,8 +216,9 @@ class PromptDataModule(L.LightningDataModule):
             user_verifiers=cfg.allowed_user_verifiers(),
             columns=cfg.columns,
         )
-        train = self._merge([load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files],
-                            cfg.train_files)
+        train = self._merge(
+            [load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files], cfg.train_files
+        )
         if cfg.val_files:
             val = self._merge([load_records(p, split=cfg.val_split, **kwargs) for p in cfg.val_files], cfg.val_files)
             return train, val

@@ -1,4 +1,4 @@
-"""The prompt record schema and its loaders: JSONL, JSON, Parquet, ``datasets`` directories and hub ids.
+"""The prompt record schema and its loader (rows come from ``readers``: JSONL, JSON, Parquet, ``datasets``).
 
 A record is one prompt with its reference answer and the name of the verifier that scores responses:
 
@@ -23,21 +23,16 @@ User verifiers (``package.module:function``) are accepted in records only when t
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ..rewards.registry import check_record, get_verifier, is_user_verifier_name, known_verifiers
+from .readers import DataError, rows_of
 
 SCHEMA_KEYS = ("id", "prompt", "messages", "answer", "verifier", "metadata")
-FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
-_DATASETS_DIR_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
-
-
-class DataError(ValueError):
-    """Bad input data; the message names the source, the location and the key."""
 
 
 @dataclass
@@ -45,8 +40,8 @@ class PromptRecord:
     """One prompt: exactly one of ``prompt`` (plain text) or ``messages`` (a chat) is set."""
 
     id: str
-    prompt: Optional[str]
-    messages: Optional[list[dict]]
+    prompt: str | None
+    messages: list[dict] | None
     answer: str
     verifier: str
     metadata: dict = field(default_factory=dict)
@@ -72,7 +67,7 @@ class PromptRecord:
         return self.messages is not None
 
 
-def _messages_problem(messages: Any) -> Optional[str]:
+def _messages_problem(messages: Any) -> str | None:
     if not isinstance(messages, (list, tuple)) or not messages:
         return "'messages' must be a non-empty list of {'role', 'content'} objects"
     for i, m in enumerate(messages):
@@ -103,11 +98,11 @@ def _lookup(row: Mapping, path: str) -> tuple[bool, Any]:
 class _VerifierNames:
     """Checks verifier names once each, with the caller's allow-list for user functions."""
 
-    def __init__(self, default_verifier: Optional[str], user_verifiers: Sequence[str]) -> None:
+    def __init__(self, default_verifier: str | None, user_verifiers: Sequence[str]) -> None:
         self.allowed_user = {v for v in (default_verifier, *user_verifiers) if v and is_user_verifier_name(v)}
         self.ok: set = set()
 
-    def check(self, name: str) -> Optional[str]:
+    def check(self, name: str) -> str | None:
         """None when ``name`` is usable, else the problem."""
         if name in self.ok:
             return None
@@ -131,7 +126,7 @@ def _build_record(
     source: str,
     where: str,
     auto_id: str,
-    default_verifier: Optional[str],
+    default_verifier: str | None,
     names: _VerifierNames,
     columns: Mapping[str, str],
 ) -> PromptRecord:
@@ -140,6 +135,33 @@ def _build_record(
 
     if not isinstance(row, Mapping):
         raise fail(f"expected an object with keys {list(SCHEMA_KEYS)}, got {type(row).__name__}")
+    values, used = _mapped_values(row, columns, fail)
+    prompt, messages = _prompt_or_messages(values, row, fail)
+    answer = _answer(values, row, fail)
+    verifier = _verifier(values, default_verifier, names, fail)
+    metadata = values.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, Mapping):
+        raise fail(f"key 'metadata' must be an object, got {type(metadata).__name__}")
+    metadata = dict(metadata)
+    for key, value in row.items():  # columns the schema does not name travel as metadata
+        if key not in used and key not in SCHEMA_KEYS and key not in metadata:
+            metadata[key] = value
+    rid = values.get("id")
+    if rid is None or (isinstance(rid, str) and not rid.strip()):
+        rid = auto_id
+    elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise fail(f"key 'id' must be a string or an integer, got {type(rid).__name__}")
+    try:
+        check_record(verifier, answer, metadata)
+    except ValueError as exc:
+        raise fail(f"key 'answer'/'metadata' cannot be scored by verifier {verifier!r}: {exc}") from None
+    return PromptRecord(str(rid), prompt, messages, answer, verifier, metadata)
+
+
+def _mapped_values(row: Mapping, columns: Mapping[str, str], fail) -> tuple[dict[str, Any], set]:
+    """The schema keys found in ``row`` (through ``data.columns``) and the top-level columns they used."""
     values: dict[str, Any] = {}
     used: set = set()
     for key in SCHEMA_KEYS:
@@ -152,7 +174,10 @@ def _build_record(
             raise fail(
                 f"column {src!r} (mapped to {key!r} by data.columns) is missing; the record has keys {sorted(row)}"
             )
+    return values, used
 
+
+def _prompt_or_messages(values: dict, row: Mapping, fail) -> tuple[str | None, list | None]:
     prompt, messages = values.get("prompt"), values.get("messages")
     if isinstance(prompt, (list, tuple)) and messages is None:
         prompt, messages = None, list(prompt)
@@ -167,7 +192,10 @@ def _build_record(
         if problem:
             raise fail(f"key 'messages': {problem}")
         messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return prompt, messages
 
+
+def _answer(values: dict, row: Mapping, fail) -> str:
     if "answer" not in values or values["answer"] is None:
         raise fail(f"missing required key 'answer'; the record has keys {sorted(row)}")
     answer = values["answer"]
@@ -176,7 +204,10 @@ def _build_record(
     answer = str(answer)
     if not answer.strip():
         raise fail("key 'answer' is empty")
+    return answer
 
+
+def _verifier(values: dict, default_verifier: str | None, names: _VerifierNames, fail) -> str:
     verifier = values.get("verifier") or default_verifier
     if verifier is None:
         raise fail(
@@ -188,155 +219,16 @@ def _build_record(
     problem = names.check(verifier)
     if problem:
         raise fail(f"key 'verifier': {problem}")
-
-    metadata = values.get("metadata")
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, Mapping):
-        raise fail(f"key 'metadata' must be an object, got {type(metadata).__name__}")
-    metadata = dict(metadata)
-    for key, value in row.items():
-        if key not in used and key not in SCHEMA_KEYS and key not in metadata:
-            metadata[key] = value
-
-    rid = values.get("id")
-    if rid is None or (isinstance(rid, str) and not rid.strip()):
-        rid = auto_id
-    elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise fail(f"key 'id' must be a string or an integer, got {type(rid).__name__}")
-    try:
-        check_record(verifier, answer, metadata)
-    except ValueError as exc:
-        raise fail(f"key 'answer'/'metadata' cannot be scored by verifier {verifier!r}: {exc}") from None
-    return PromptRecord(str(rid), prompt, messages, answer, verifier, metadata)
-
-
-# --------------------------------------------------------------------------------------------------
-# Sources -> raw rows, with their location labels
-# --------------------------------------------------------------------------------------------------
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    lineno = 0
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"line {lineno}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    problem = f"malformed JSON ({exc.msg} at column {exc.colno})"
-                    raise DataError(f"{path}, line {lineno}: {problem}") from None
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}, line {lineno + 1}: not valid UTF-8 ({exc.reason})") from None
-
-
-def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
-    except json.JSONDecodeError as exc:
-        hint = " (one object per line? name the file .jsonl)" if exc.msg.startswith("Extra data") else ""
-        raise DataError(f"{path}, line {exc.lineno}, column {exc.colno}: malformed JSON ({exc.msg}){hint}") from None
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON list of records at the top level, got {type(data).__name__}")
-    for i, row in enumerate(data):
-        yield f"item {i}", row
-
-
-def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-    for i, row in enumerate(table.to_pylist()):
-        yield f"row {i}", row
-
-
-def _pick_split(ds: Any, source: str, split: Optional[str]) -> Any:
-    import datasets
-
-    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        splits = list(ds.keys())
-        if split is None:
-            if "train" in splits or len(splits) == 1:
-                return ds["train" if "train" in splits else splits[0]]
-            raise DataError(f"{source}: has splits {splits}; choose one (data.train_split / data.val_split)")
-        if split not in splits:
-            raise DataError(f"{source}: no split {split!r}; available splits: {splits}")
-        return ds[split]
-    return ds
-
-
-def _datasets_rows(source: str, split: Optional[str], *, local: bool) -> Iterator[tuple[str, Any]]:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            f"{source}: loading a `datasets` {'directory' if local else 'hub id'} needs the `datasets` package "
-            "(pip install 'stare_lightning[datasets]'), or pass a .jsonl/.json/.parquet file"
-        ) from None
-    if local:
-        try:
-            ds = datasets.load_from_disk(source)
-        except Exception as exc:  # noqa: BLE001 - the library raises many kinds
-            raise DataError(f"{source}: cannot load this `datasets` directory ({type(exc).__name__}: {exc})") from None
-    else:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on") or os.environ.get(
-            "HF_DATASETS_OFFLINE", "0"
-        ).lower() in ("1", "true", "yes", "on")
-        try:
-            ds = datasets.load_dataset(source, split=split)
-        except Exception as exc:  # noqa: BLE001 - network, auth and format errors all land here
-            why = "HF_HUB_OFFLINE is set" if offline else "no network, an unknown id, or a gated data set"
-            raise DataError(
-                f"{source!r} is not a local file or directory, and loading it as a Hugging Face hub data set failed "
-                f"({why}: {type(exc).__name__}: {str(exc)[:200]}). Hub data sets need a network: on a machine "
-                "with one, run `datasets.load_dataset(...).save_to_disk(DIR)` and pass DIR, or export a "
-                ".jsonl/.parquet file."
-            ) from None
-    ds = _pick_split(ds, source, split)
-    for i, row in enumerate(ds):
-        yield f"row {i}", row
-
-
-def _rows(source: str, split: Optional[str]) -> Iterator[tuple[str, Any]]:
-    path = Path(source).expanduser()
-    if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
-            return _jsonl_rows(path)
-        if suffix == ".json":
-            return _json_rows(path)
-        if suffix == ".parquet":
-            return _parquet_rows(path)
-        raise DataError(f"{source}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
-    if path.is_dir():
-        if not any((path / marker).exists() for marker in _DATASETS_DIR_MARKERS):
-            raise DataError(
-                f"{source}: a directory, but not one written by `datasets` save_to_disk "
-                f"(none of {', '.join(_DATASETS_DIR_MARKERS)} inside)"
-            )
-        return _datasets_rows(str(path), split, local=True)
-    looks_local = path.suffix.lower() in FILE_SUFFIXES or source.startswith((".", "/", "~", "\\"))
-    if looks_local or source.count("/") > 1:  # hub ids are "name" or "owner/name"
-        raise DataError(f"data file not found: {source} (working directory: {os.getcwd()})")
-    return _datasets_rows(source, split, local=False)
+    return verifier
 
 
 def load_records(
-    path_or_id: Union[str, os.PathLike],
+    path_or_id: str | os.PathLike,
     *,
-    default_verifier: Optional[str] = None,
+    default_verifier: str | None = None,
     user_verifiers: Iterable[str] = (),
-    columns: Optional[Mapping[str, str]] = None,
-    split: Optional[str] = None,
+    columns: Mapping[str, str] | None = None,
+    split: str | None = None,
 ) -> list[PromptRecord]:
     """Load and validate every record of a .jsonl/.json/.parquet file, a ``save_to_disk`` directory or a hub id.
 
@@ -366,7 +258,7 @@ def load_records(
     label = Path(source).name or source
     records: list[PromptRecord] = []
     first_seen: dict[str, str] = {}
-    for where, row in _rows(source, split):
+    for where, row in rows_of(source, split):
         auto_id = f"{label}:{where.split()[-1]}"
         record = _build_record(
             row,

@@ -1,6 +1,6 @@
 """Accuracy over n samples per prompt: avg@n, unbiased pass@k, and distinct correct responses.
 
-avg@n and pass@k follow the method doc (section 6); pass@k is computed in the product form of the
+avg@n and pass@k follow docs/method.md (section 5); pass@k is computed in the product form of the
 unbiased estimator. Distinct correct responses go beyond the paper (a diversity check): texts are reduced
 to one count per prompt inside ``update``, so only numbers cross ranks. A prompt's group must arrive in
 one ``update`` call on one rank (a group split across calls counts as two prompts).
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lightning.metrics.base import StareMetric
+from stare_lightning.metrics.base import TelemetryMetric
 from stare_lightning.metrics.functional import (
     _avg_at_n_compute,
     _avg_at_n_update,
@@ -25,7 +25,7 @@ from stare_lightning.metrics.functional import (
 )
 
 
-class AvgAtN(StareMetric):
+class AvgAtN(TelemetryMetric):
     """Mean over prompts of c / n: ``{"avg@n": ...}``.
 
     ``update(num_correct [P], num_samples [P] or int)``.
@@ -46,7 +46,7 @@ class AvgAtN(StareMetric):
         return _avg_at_n_compute(self.total, self.num_prompts)
 
 
-class PassAtK(StareMetric):
+class PassAtK(TelemetryMetric):
     """Mean over prompts of the unbiased pass@k, for one or several k: ``{"pass@<k>": ...}``.
 
     ``update(num_correct [P], num_samples [P] or int)``; raises ``ValueError`` if some prompt has n < k.
@@ -72,7 +72,7 @@ class PassAtK(StareMetric):
         return _pass_at_k_compute(self.totals, self.num_prompts, self.ks)
 
 
-class DistinctCorrect(StareMetric):
+class DistinctCorrect(TelemetryMetric):
     """Mean over prompts of the number of distinct correct responses: ``{"distinct_correct": ...}``.
 
     ``update(responses: Sequence[Sequence[str]], correct: Sequence[Sequence[bool]] | Tensor [P, G])``,

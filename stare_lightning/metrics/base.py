@@ -14,7 +14,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 
-class StareMetric(Metric):
+class TelemetryMetric(Metric):
     """Base of the telemetry metrics: non-differentiable, states merged by their reductions."""
 
     is_differentiable = False

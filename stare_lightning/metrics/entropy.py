@@ -1,5 +1,5 @@
 """Entropy telemetry: token-mean entropy, STARE quadrant mass, and the first-order entropy forecast
-(method doc, section 6).
+(docs/method.md, section 5).
 
 Thin torchmetrics classes over ``functional``; see its docstring for the conventions (A == 0 tokens in no
 quadrant, dH as a per-token mean over all valid tokens, NaN for 0/0). The windowed forecast correlation
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lightning.metrics.base import StareMetric, replicated
+from stare_lightning.metrics.base import TelemetryMetric, replicated
 from stare_lightning.metrics.functional import (
     _entropy_forecast_compute,
     _entropy_forecast_update,
@@ -24,7 +24,7 @@ from stare_lightning.metrics.functional import (
 )
 
 
-class TokenEntropy(StareMetric):
+class TokenEntropy(TelemetryMetric):
     """Token mean of per-token entropy over valid tokens: ``{"entropy": ...}``.
 
     ``update(entropy [B, T], mask [B, T])``; exact across micro-batches and ranks (sum and count states).
@@ -43,7 +43,7 @@ class TokenEntropy(StareMetric):
         return _token_entropy_compute(self.entropy_sum, self.token_count)
 
 
-class QuadrantMass(StareMetric):
+class QuadrantMass(TelemetryMetric):
     """Token share, weight share and dH of the four sign(A) x high/low quadrants, proxy and exact.
 
     ``update(advantages [B, T] or [B], mask [B, T], phi [B, T], omega [B, T] | None, selected [B, T] | None)``.
@@ -75,7 +75,7 @@ class QuadrantMass(StareMetric):
         return _quadrant_compute(self.tokens, self.weight, self.dh, self.valid_count)
 
 
-class EntropyForecast(StareMetric):
+class EntropyForecast(TelemetryMetric):
     """Predicted against realised entropy change, step by step, with a windowed Pearson correlation.
 
     Call ``update(entropy, predicted_delta)`` once per training step k with the step's batch entropy H_k
@@ -95,7 +95,6 @@ class EntropyForecast(StareMetric):
     ranks, e.g. from a synced ``TokenEntropy`` and ``QuadrantMass``), so every rank holds the same states.
     Syncing therefore keeps rank 0's copy instead of summing, and warns if the ranks disagree.
     """
-
 
     def __init__(self, window: int = 20, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -1,6 +1,6 @@
 """Load logged runs (Lightning CSVLogger directories) and plot the entropy story of several runs side by side.
 
-Not from the paper; the panels follow the telemetry of the method doc, section 6: entropy, predicted vs
+Not from the paper; the panels follow the telemetry of docs/method.md, section 5: entropy, predicted vs
 realised entropy change, quadrant mass (token share, weight share, dH), reflection words, and accuracy
 (val avg@n, val pass@k). Works on whatever subset of columns a run logged; a missing metric leaves its
 panel marked "not logged". Uses matplotlib's object API (no pyplot state), so it runs headless and can be
@@ -201,7 +201,7 @@ def _plot_forecast(ax, runs, colors, prefix: str, smooth: int) -> None:
 def _plot_quadrants(ax, runs, definition: str, field: str, prefix: str, smooth: int) -> None:
     """Colour is the quadrant, line style is the run."""
     drew = False
-    for r, (name, df) in enumerate(runs.items()):
+    for r, df in enumerate(runs.values()):
         for quadrant in QUADRANTS:
             s = _series(df, f"{prefix}quadrant/{definition}/{quadrant}/{field}", smooth)
             if s is None:
@@ -234,20 +234,33 @@ def plot_runs(
     ax[0, 0].legend(fontsize=7)
     _plot_forecast(ax[0, 1], runs, colors, prefix, smooth)
     _plot_one_per_run(
-        ax[0, 2], runs, colors, [f"{prefix}reflection/per_response", "val/reflection/per_response"],
-        "reflection words per response", smooth,
+        ax[0, 2],
+        runs,
+        colors,
+        [f"{prefix}reflection/per_response", "val/reflection/per_response"],
+        "reflection words per response",
+        smooth,
     )
     _plot_quadrants(ax[1, 0], runs, "exact", "tokens", prefix, smooth)
     _plot_quadrants(ax[1, 1], runs, "exact", "dH", prefix, smooth)
     _plot_one_per_run(
-        ax[1, 2], runs, colors, [f"{prefix}stare/gate_on"], "STARE gate on (fraction of steps)", smooth,
+        ax[1, 2],
+        runs,
+        colors,
+        [f"{prefix}stare/gate_on"],
+        "STARE gate on (fraction of steps)",
+        smooth,
         drawstyle="steps-post",
     )
     _plot_accuracy(ax[2, 0], runs, colors, r"val/avg@\w+", "val avg@n")
     _plot_accuracy(ax[2, 1], runs, colors, r"val/pass@\w+", "val pass@k")
     _plot_one_per_run(
-        ax[2, 2], runs, colors, [f"{prefix}reward/mean", f"{prefix}response_length/mean"],
-        "reward mean (or response length)", smooth,
+        ax[2, 2],
+        runs,
+        colors,
+        [f"{prefix}reward/mean", f"{prefix}response_length/mean"],
+        "reward mean (or response length)",
+        smooth,
     )
     fig.suptitle(f"{' vs '.join(runs) or 'no runs'}   ({_run_style_note(runs)} in quadrant panels)", fontsize=10)
     return _save(fig, out_png)
@@ -291,12 +304,12 @@ def plot_reflection_words(
         for j, column in enumerate(words):
             s = _series(df, column, smooth)
             if s is not None:
-                ax.plot(s.index, s.values, color=f"C{j % 10}", label=column[len(start):])
+                ax.plot(s.index, s.values, color=f"C{j % 10}", label=column[len(start) :])
                 drew = True
         _finish(ax, f"{name}: reflection words per response", drew)
         if drew:
             ax.legend(fontsize=6)
-    for ax in axes[len(runs):]:
+    for ax in axes[len(runs) :]:
         ax.set_visible(False)
     return _save(fig, out_png)
 

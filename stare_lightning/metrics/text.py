@@ -1,4 +1,4 @@
-"""Reflection-word counts over response texts (method doc, section 6).
+"""Reflection-word counts over response texts (docs/method.md, section 5).
 
 The paper names reflection words without a list or matching rule; the default list and the matching rule
 (case-insensitive whole words with hyphens inside words, longest entry first, no overlaps) are this
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lightning.metrics.base import StareMetric
+from stare_lightning.metrics.base import TelemetryMetric
 from stare_lightning.metrics.functional import (
     DEFAULT_REFLECTION_WORDS,
     _reflection_compute,
@@ -23,7 +23,7 @@ from stare_lightning.metrics.functional import (
 )
 
 
-class ReflectionWords(StareMetric):
+class ReflectionWords(TelemetryMetric):
     """Mean count per response of each reflection word or phrase, and of all of them together.
 
     ``update(responses: Sequence[str])``. Keys: ``reflection/per_response`` and ``reflection/<word>``

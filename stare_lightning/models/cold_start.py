@@ -65,7 +65,9 @@ def supervised_fine_tune(
     model.train()
     encoded = _encode(tokenizer, examples)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - s / max(steps, 1))
+    )
     generator = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
     for step in range(steps):
@@ -78,7 +80,10 @@ def supervised_fine_tune(
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         if log_every and (step + 1) % log_every == 0:
-            print(f"[cold start] step {step + 1}/{steps} loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+            print(
+                f"[cold start] step {step + 1}/{steps} loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)

@@ -33,9 +33,11 @@ def export_checkpoint(ckpt_path: str | Path, export_dir: str | Path) -> Path:
     checkpoint = _load_checkpoint(ckpt_path)
     model_dir = checkpoint.get("hyper_parameters", {}).get("model_dir")
     if model_dir is None or not Path(model_dir).is_dir():
-        raise ValueError(f"{ckpt_path} does not name an existing base model directory (hyper_parameters.model_dir={model_dir!r})")
+        raise ValueError(
+            f"{ckpt_path} does not name an existing base model directory (hyper_parameters.model_dir={model_dir!r})"
+        )
     state = checkpoint.get("state_dict") or checkpoint.get("model") or {}
-    weights = {k[len(POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
+    weights = {k[len(POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
         raise ValueError(f"{ckpt_path} holds no policy weights (no state_dict keys start with {POLICY_PREFIX!r})")
     config = AutoConfig.from_pretrained(model_dir)

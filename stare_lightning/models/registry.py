@@ -14,8 +14,8 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m-instruct"

@@ -28,7 +28,11 @@ def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mp_policy=No
     ``MixedPrecisionPolicy`` (None keeps forward and backward in the parameters' dtype)."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = device_mesh["data_parallel"] if device_mesh.mesh_dim_names and "data_parallel" in device_mesh.mesh_dim_names else device_mesh
+    mesh = (
+        device_mesh["data_parallel"]
+        if device_mesh.mesh_dim_names and "data_parallel" in device_mesh.mesh_dim_names
+        else device_mesh
+    )
     kwargs = {"mesh": mesh}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from typing import Optional, Union
 
 from .extract import final_answer, strip_math_delimiters
 
@@ -27,7 +26,7 @@ _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
 _LATEX_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
 
-Number = Union[Fraction, float]
+Number = Fraction | float
 
 
 def _candidate(response: str) -> str:
@@ -47,7 +46,7 @@ def verify_exact(response: str, answer: str, metadata: dict) -> float:
     return 1.0 if normalize_text(_candidate(response)) == normalize_text(str(answer)) else 0.0
 
 
-def parse_number(text: str) -> Optional[Number]:
+def parse_number(text: str) -> Number | None:
     """The number written in ``text``, or None when it is not exactly one number."""
     s = strip_math_delimiters(str(text))
     s = s.replace("\\!", "").replace("\\,", "").replace("\\%", "").replace("%", "").replace("\\$", "")

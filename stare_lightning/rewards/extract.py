@@ -8,7 +8,6 @@ is done by hand (regular expressions cannot balance braces), skipping backslash-
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # "Answer: 42", "Final answer: 42", "**Answer:** 42", "## Answer: 42" on a line of its own.
@@ -18,7 +17,7 @@ _ANSWER_LINE = re.compile(
 )
 
 
-def _closing_brace(text: str, start: int) -> Optional[int]:
+def _closing_brace(text: str, start: int) -> int | None:
     """Index just past the ``}`` that closes the group opened right before ``start``; None if unclosed."""
     depth = 1
     i = start
@@ -38,7 +37,7 @@ def _closing_brace(text: str, start: int) -> Optional[int]:
     return None
 
 
-def last_boxed(text: str) -> Optional[str]:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance; None if there is none."""
     for match in reversed(list(_BOX_OPEN.finditer(text))):
         end = _closing_brace(text, match.end())
@@ -47,7 +46,7 @@ def last_boxed(text: str) -> Optional[str]:
     return None
 
 
-def answer_line(text: str) -> Optional[str]:
+def answer_line(text: str) -> str | None:
     """What follows the last ``Answer:`` line (``Final answer:``, markdown bold allowed); None if absent."""
     found = None
     for match in _ANSWER_LINE.finditer(text):
@@ -57,7 +56,7 @@ def answer_line(text: str) -> Optional[str]:
     return found
 
 
-def final_answer(text: str) -> Optional[str]:
+def final_answer(text: str) -> str | None:
     """The last boxed answer if the response has one, else the last ``Answer:`` line, else None."""
     boxed = last_boxed(text)
     if boxed is not None:

@@ -34,8 +34,9 @@ import threading
 import time
 import types
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 Item = tuple  # (verifier_name: str, response: str, answer: str, metadata: dict)
 
@@ -66,7 +67,7 @@ def _as_score(value: Any) -> float:
 _OK, _ERROR = 1, 2
 
 
-def _worker_main(conn, progress, scores, status, memory_limit_mb: Optional[int]) -> None:
+def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) -> None:
     """Worker loop: receive a batch, resolve its verifiers, score it; errors are reported as they happen.
 
     Progress goes through shared memory, not the pipe: ``scores[i]`` and ``status[i]`` are written, then
@@ -183,7 +184,7 @@ class VerifierPool:
         *,
         start_method: str = "spawn",
         startup_timeout_s: float = 120.0,
-        memory_limit_mb: Optional[int] = None,
+        memory_limit_mb: int | None = None,
     ) -> None:
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"VerifierPool timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -247,7 +248,7 @@ class VerifierPool:
             _stop(self._worker)
 
     @property
-    def worker_pid(self) -> Optional[int]:
+    def worker_pid(self) -> int | None:
         """Process id of the live worker, or None."""
         proc = self._worker.proc
         return proc.pid if proc is not None and proc.is_alive() else None
@@ -340,7 +341,7 @@ class VerifierPool:
             self._closed = True
             self._finalizer()
 
-    def __enter__(self) -> "VerifierPool":
+    def __enter__(self) -> VerifierPool:
         return self
 
     def __exit__(self, *exc) -> None:

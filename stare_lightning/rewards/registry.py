@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 Verifier = Callable[[str, str, dict], float]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -24,7 +24,11 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings shared by every backend."""
+    """Sampling settings shared by every backend.
+
+    Built from a validated ``RolloutConfig`` (rollout/config.py), which checks the ranges: n >= 1,
+    max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 0.
+    """
 
     n: int = 8
     max_new_tokens: int = 64
@@ -32,18 +36,6 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"rollout.n must be >= 1, got {self.n}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"rollout.top_k must be >= 0 (0 disables it), got {self.top_k}")
 
     @property
     def truncates_support(self) -> bool:
@@ -62,7 +54,6 @@ class Rollouts:
     finish_reasons: list[str]  # "stop" (EOS or stop string) or "length"
     n: int
     generation_seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         rows = len(self.response_ids)
@@ -107,11 +98,9 @@ class RolloutEngine(Protocol):
         """Release memory between rollouts where the backend can; weights synced so far must survive."""
         ...
 
-    def wake(self) -> None:
-        ...
+    def wake(self) -> None: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def prompt_seeds(base_seed: int, keys: Sequence[str], n: int) -> list[int]:

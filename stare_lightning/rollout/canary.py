@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from stare_lightning.distributed import all_reduce
+
 MEAN_KEY = "rollout/logprob_abs_diff/mean"
 MAX_KEY = "rollout/logprob_abs_diff/max"
 
@@ -45,16 +47,18 @@ class LogprobCanary:
     ) -> dict[str, float]:
         """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out."""
         if engine_logprobs.shape != trainer_logprobs.shape:
-            raise ValueError(f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}")
+            raise ValueError(
+                f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}"
+            )
         diff = (engine_logprobs.detach().float() - trainer_logprobs.detach().float()).abs()
         if mask is None:
             mask = torch.ones_like(diff, dtype=torch.bool)
         mask = mask.to(device=diff.device, dtype=torch.bool)
         total = torch.stack([diff[mask].sum(), mask.sum().to(diff.dtype)])
         worst = diff[mask].max() if mask.any() else diff.new_zeros(())
-        if self.sync_dist and torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(total)
-            torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        if self.sync_dist:
+            total = all_reduce(total)
+            worst = all_reduce(worst, torch.distributed.ReduceOp.MAX)
         tokens = total[1].item()
         mean = total[0].item() / tokens if tokens else 0.0
         metrics = {MEAN_KEY: mean, MAX_KEY: worst.item()}
@@ -64,7 +68,8 @@ class LogprobCanary:
             self.strikes = 0
         if self.patience and self.strikes >= self.patience:
             raise RuntimeError(
-                f"Rollout engine and trainer disagree: mean |logprob difference| {mean:.4g} (max {metrics[MAX_KEY]:.4g}) "
+                f"Rollout engine and trainer disagree: mean |logprob difference| {mean:.4g} "
+                f"(max {metrics[MAX_KEY]:.4g}) "
                 f"stayed above {self.threshold:g} for {self.strikes} consecutive steps. The engine is most likely "
                 "sampling from stale weights: check that sync_weights runs after every optimizer step on every rank, "
                 "and that vLLM sleep mode uses level 1 (level 2 reloads the checkpoint on wake). A bf16 engine "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from stare_lightning.config.schema import RolloutConfig
+from stare_lightning.rollout.config import RolloutConfig
 
 
 def vllm_available() -> bool:
@@ -21,7 +21,12 @@ def resolve_backend(backend: str) -> str:
 
 
 def build_engine(
-    cfg: RolloutConfig, policy: torch.nn.Module, tokenizer, model_dir: str, *, seed: int = 0,
+    cfg: RolloutConfig,
+    policy: torch.nn.Module,
+    tokenizer,
+    model_dir: str,
+    *,
+    seed: int = 0,
     compute_dtype: torch.dtype | None = None,
 ):
     """``compute_dtype``: the dtype the trainer computes in (vLLM runs in it, so both see the same

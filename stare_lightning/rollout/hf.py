@@ -26,9 +26,8 @@ number of times.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +39,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from stare_lightning.distributed import is_distributed
 from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
 
 # Upper bound on the raw logits kept during one generate call ([rows, steps, vocab] fp32); larger
@@ -124,7 +124,6 @@ class HFRolloutEngine:
             finish_reasons=finish,
             n=params.n,
             generation_seconds=seconds,
-            extra={"backend": "hf"},
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -234,9 +233,7 @@ def _eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:
 
 def _needs_synced_generation(model: torch.nn.Module) -> bool:
     """True when the module is FSDP2-sharded across several ranks (forward passes must stay in lockstep)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return False
-    if torch.distributed.get_world_size() < 2:
+    if not is_distributed():
         return False
     from torch.distributed.fsdp import FSDPModule
 

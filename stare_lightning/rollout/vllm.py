@@ -36,19 +36,20 @@ import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import gc  # noqa: E402
-import logging  # noqa: E402
-import random  # noqa: E402
-import time  # noqa: E402
-import weakref  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from pathlib import Path  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from typing import Any, Iterator  # noqa: E402
+import gc
+import logging
+import random
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
-import torch  # noqa: E402
+import torch
 
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds  # noqa: E402
+from stare_lightning.distributed import is_distributed, process_group_exists
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
 
 # Wrapper infixes that torch/Lightning put into parameter names; vLLM expects plain checkpoint names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
@@ -150,14 +151,8 @@ class VLLMRolloutEngine:
             kv_cache_memory_bytes = _DEFAULT_CPU_KV_CACHE_BYTES
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-        self._owns_process_group = not _dist_initialized()
-        if not self._owns_process_group and torch.distributed.get_world_size() > 1:
-            # One engine per trainer rank, joining the trainer's process group.
-            rank = torch.distributed.get_rank()
-            os.environ.setdefault("RANK", str(rank))
-            os.environ.setdefault("LOCAL_RANK", str(_local_rank(rank)))
-            kwargs["distributed_executor_backend"] = "external_launcher"
-            kwargs["seed"] = seed + rank // tensor_parallel_size
+        self._owns_process_group = not process_group_exists()
+        kwargs.update(_rank_kwargs(seed, tensor_parallel_size))
         kwargs.update(llm_kwargs)
 
         _quiet_rotary_reload_warning()
@@ -225,7 +220,6 @@ class VLLMRolloutEngine:
             finish_reasons=reasons,
             n=params.n,
             generation_seconds=seconds,
-            extra={"backend": "vllm"},
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -337,8 +331,14 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
-def _dist_initialized() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+def _rank_kwargs(seed: int, tensor_parallel_size: int) -> dict[str, Any]:
+    """Under several trainer ranks: one engine per rank, joining the trainer's process group."""
+    if not is_distributed():
+        return {}
+    rank = torch.distributed.get_rank()
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(_local_rank(rank)))
+    return {"distributed_executor_backend": "external_launcher", "seed": seed + rank // tensor_parallel_size}
 
 
 def _local_rank(rank: int) -> int:

@@ -8,8 +8,9 @@ deterministic :class:`PromptRecord` lists; ``sft_examples(records)`` turns plain
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..records import PromptRecord
 from . import arithmetic, countdown

@@ -27,7 +27,6 @@ import random
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from functools import lru_cache
-from typing import Optional
 
 from ...rewards.expr import parse_expression
 from ..records import PromptRecord
@@ -44,7 +43,7 @@ class CountdownParams:
     min_number: int = 1
     max_number: int = 9
     min_target: int = 1
-    max_target: Optional[int] = None
+    max_target: int | None = None
     min_solutions: int = 4
     min_forms: int = 1
     ops: str = "+-*"
@@ -77,7 +76,7 @@ class CountdownParams:
             )
 
 
-def _combine(op: str, a: tuple, b: tuple) -> Optional[tuple]:
+def _combine(op: str, a: tuple, b: tuple) -> tuple | None:
     """Combine two (value, text, precedence) triples; precedence 1: + -, 2: * /, 3: a literal."""
     if op == "+":
         value = a[0] + b[0]

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from stare_lightning.config.instantiate import safe_instantiate
-from stare_lightning.config.schema import OptimConfig
+from stare_lightning.trainer.config import OptimConfig
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
@@ -26,12 +26,22 @@ def build_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: OptimConfig, *, total_steps: int, extra_allowed: list[str] = ()
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     optimizer = safe_instantiate(
-        {"_target_": cfg.optimizer, "lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": tuple(cfg.betas), "eps": cfg.eps},
+        {
+            "_target_": cfg.optimizer,
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "betas": tuple(cfg.betas),
+            "eps": cfg.eps,
+        },
         list(params),
         extra_allowed=extra_allowed,
         where="optim.optimizer",
     )
     schedule = lambda step: lr_multiplier(  # noqa: E731
-        step, warmup_steps=cfg.warmup_steps, total_steps=total_steps, schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio
+        step,
+        warmup_steps=cfg.warmup_steps,
+        total_steps=total_steps,
+        schedule=cfg.schedule,
+        min_lr_ratio=cfg.min_lr_ratio,
     )
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -26,8 +26,11 @@ class SafeCheckpointIO(TorchCheckpointIO):
         except OSError as error:
             cause = os.strerror(error.errno) if error.errno else str(error)
             kept = f"the previous file at {path} is unchanged" if os.path.exists(path) else "no earlier file existed"
-            hint = " Free disk space or point callbacks.model_checkpoint.dirpath elsewhere." if error.errno in (
-                errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+            hint = (
+                " Free disk space or point callbacks.model_checkpoint.dirpath elsewhere."
+                if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+                else ""
+            )
             raise CheckpointWriteError(
                 error.errno, f"could not write checkpoint {path}: {cause}; {kept}.{hint}"
             ) from error

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from stare_lightning.config.checks import choice
+
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -30,9 +32,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         reduce_dtype: str = "float32",
         **kwargs: Any,
     ) -> None:
-        for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-            if value is not None and value not in _DTYPES:
-                raise ValueError(f"trainer.strategy.{key}={value!r} is not allowed: choose one of {_DTYPES} or null")
+        choice("trainer.strategy.param_dtype", param_dtype, (*_DTYPES, None))
+        choice("trainer.strategy.reduce_dtype", reduce_dtype, _DTYPES)
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size, **kwargs)
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
@@ -44,7 +45,9 @@ class FSDP2Strategy(ModelParallelStrategy):
             return None
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        return MixedPrecisionPolicy(param_dtype=getattr(torch, self.param_dtype), reduce_dtype=getattr(torch, self.reduce_dtype))
+        return MixedPrecisionPolicy(
+            param_dtype=getattr(torch, self.param_dtype), reduce_dtype=getattr(torch, self.reduce_dtype)
+        )
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":

@@ -1,4 +1,4 @@
-"""Rollouts turned into padded training tensors, and the token-budget micro-batches cut from them.
+"""A step's rollouts as padded tensors, the complete ``Experience`` an update trains on, and the slices of both.
 
 Layout of one row: the prompt left-padded to the step's longest prompt, then the response right-padded
 to the step's longest response. Every response therefore starts at the same column, so the logits that
@@ -10,32 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from stare_lightning.rollout.base import Rollouts
 
+Rows = TypeVar("Rows", bound="RolloutBatch")
 
-@dataclass
-class Experience:
-    """One step's rollouts as tensors; per-token fields are ``[rows, response_width]``."""
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """The step's kept rollouts; per-token fields are ``[rows, response_width]``."""
 
     input_ids: Tensor  # [N, prompt_width + response_width]
     attention_mask: Tensor  # [N, prompt_width + response_width]
-    response_mask: Tensor  # [N, response_width], bool
+    response_mask: Tensor  # [N, response_width], bool: the tokens the policy sampled
     prompt_width: int
     rewards: Tensor  # [N]
     advantages: Tensor  # [N]
     rollout_logprobs: Tensor  # [N, response_width], the engine's sampled-token log-probs
-    # Filled in by the no-grad pass of the rollout policy, before any update:
-    old_logprobs: Tensor | None = None
-    entropy: Tensor | None = None
-    sum_p2: Tensor | None = None
-    sum_p2_logp: Tensor | None = None
-    phi: Tensor | None = None  # entropy sensitivity of each sampled token
-    selected: Tensor | None = None  # STARE's selected set L+ u L- (computed even while its gate is off)
-    token_weights: Tensor | None = None  # STARE's omega (or ones)
 
     @property
     def num_rows(self) -> int:
@@ -53,39 +48,55 @@ class Experience:
         # Left padding: positions count real tokens only, as in generation.
         return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
-    def select(self, rows: Tensor | slice) -> Experience:
-        """The given rows with every column kept (used to form mini-batches)."""
-        values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            values[f.name] = value[rows] if isinstance(value, Tensor) else value
-        return Experience(**values)
+    def select(self: Rows, rows: Tensor | slice) -> Rows:
+        """The given rows with every column kept (mini-batches)."""
+        return replace(self, **{name: value[rows] for name, value in self._tensors().items()})
 
-    def trimmed(self) -> Experience:
-        """Drop the padding columns no row of this batch uses (left of the prompts, right of the responses)."""
+    def trimmed(self: Rows) -> Rows:
+        """Drop the padding columns no row uses (left of the prompts, right of the responses)."""
         prompt_lengths = self.attention_mask[:, : self.prompt_width].sum(-1)
         response_lengths = self.response_mask.sum(-1)
         left = self.prompt_width - int(prompt_lengths.max().item()) if self.num_rows else 0
         width = max(int(response_lengths.max().item()) if self.num_rows else 0, 1)
         values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("input_ids", "attention_mask"):
+        for name, value in self._tensors().items():
+            if name in ("input_ids", "attention_mask"):
                 value = value[:, left : self.prompt_width + width]
-            elif isinstance(value, Tensor) and value.dim() == 2:
+            elif value.dim() == 2:
                 value = value[:, :width]
-            values[f.name] = value
-        values["prompt_width"] = self.prompt_width - left
-        return Experience(**values)
+            values[name] = value
+        return replace(self, prompt_width=self.prompt_width - left, **values)
 
-    def to(self, device: torch.device | str) -> Experience:
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)})
+    def to(self: Rows, device: torch.device | str) -> Rows:
+        return replace(self, **{name: value.to(device) for name, value in self._tensors().items()})
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
 
 
-def build_experience(
-    rollouts: Rollouts, rewards: Tensor, advantages: Tensor, *, pad_token_id: int
-) -> Experience:
-    """Pad ``rollouts`` into an ``Experience``. ``rewards`` and ``advantages`` are per response row."""
+@dataclass(frozen=True)
+class Experience(RolloutBatch):
+    """A rollout batch with every per-token input of the loss, built once before the optimizer steps.
+
+    ``old_logprobs`` None means on-policy without a scoring pass: the first forward's detached log-probs
+    stand in. ``stare_weights`` is STARE's omega from a selection over the whole step (scopes ``step``,
+    ``sequence``, ``group`` with the gate open); None when no step-wide weight applies.
+    """
+
+    old_logprobs: Tensor | None = None
+    phi: Tensor | None = None  # entropy sensitivity of each sampled token (the ``sensitivity`` selector)
+    stare_weights: Tensor | None = None
+
+    @classmethod
+    def build(
+        cls, batch: RolloutBatch, *, old_logprobs: Tensor | None, phi: Tensor | None, stare_weights: Tensor | None
+    ) -> Experience:
+        rollout_fields = {f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}
+        return cls(**rollout_fields, old_logprobs=old_logprobs, phi=phi, stare_weights=stare_weights)
+
+
+def build_rollout_batch(rollouts: Rollouts, rewards: Tensor, advantages: Tensor, *, pad_token_id: int) -> RolloutBatch:
+    """Pad ``rollouts`` into a ``RolloutBatch``. ``rewards`` and ``advantages`` are per response row."""
     rows = len(rollouts.response_ids)
     prompt_width = max(len(p) for p in rollouts.prompt_ids)
     response_width = max(max((len(r) for r in rollouts.response_ids), default=1), 1)
@@ -103,7 +114,7 @@ def build_experience(
             input_ids[i, prompt_width : prompt_width + len(response)] = torch.tensor(response, dtype=torch.long)
             response_mask[i, : len(response)] = True
             rollout_logprobs[i, : len(response)] = torch.tensor(logprobs, dtype=torch.float32)
-    return Experience(
+    return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
@@ -114,21 +125,21 @@ def build_experience(
     )
 
 
-def micro_batches(experience: Experience, token_budget: int) -> Iterator[Experience]:
-    """Consecutive rows grouped so each trimmed micro-batch holds at most ``token_budget`` padded tokens.
+def micro_batches(batch: Rows, token_budget: int) -> Iterator[Rows]:
+    """Consecutive rows grouped so that rows x longest row (in real tokens) stays within ``token_budget``.
 
     A single row longer than the budget still forms a micro-batch of its own.
     """
-    lengths = (experience.attention_mask.sum(-1)).tolist()
+    lengths = batch.attention_mask.sum(-1).tolist()
     start = 0
-    while start < experience.num_rows:
+    while start < batch.num_rows:
         end, longest = start, 0
-        while end < experience.num_rows:
+        while end < batch.num_rows:
             longest_if_added = max(longest, int(lengths[end]))
             if end > start and longest_if_added * (end - start + 1) > token_budget:
                 break
             longest, end = longest_if_added, end + 1
-        yield experience.select(slice(start, end)).trimmed()
+        yield batch.select(slice(start, end)).trimmed()
         start = end
 
 
@@ -148,8 +159,6 @@ def mini_batch_rows(
     gives the mini-batches one process holding the whole batch would use, and the same number of them on
     every rank (so optimizer steps stay collective), even when a part holds none of this rank's rows.
     """
-    if num_mini_batches < 1:
-        raise ValueError(f"algorithm.mini_batches must be >= 1, got {num_mini_batches}")
     total = num_rows if total_rows is None else total_rows
     if not 0 <= offset <= offset + num_rows <= total:
         raise ValueError(f"rows [{offset}, {offset + num_rows}) do not lie in a global batch of {total} rows")

@@ -1,0 +1,116 @@
+"""STARE's controller: the entropy gate and the (optionally adaptive) weights W and M, one update per step.
+
+What it implements: docs/method.md section 3. The gate opens when the measured batch entropy is strictly
+below the target; when adaptive, W moves up and M down by alpha while entropy is below target (and back
+otherwise), clipped to [1, w_max] and [m_min, 1]. Departure from the reference code: the updated W/M
+apply from the step after the measurement (the paper's formula); ``timing="same_step"`` applies them at
+once, as the reference code does. The state is checkpointed (the reference code loses it on resume).
+Settings are range-checked by ``StareConfig``, which builds the controller.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["STARE_TIMINGS", "STAREController", "StepParams"]
+
+STARE_TIMINGS = ("next_step", "same_step")
+_STATE_KEYS = {"gate_on", "w", "m", "last_entropy", "last_params", "num_updates"}
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """What STARE uses in one step: the gate and the weights W (on L+) and M (on L-)."""
+
+    gate_on: bool
+    w: float
+    m: float
+
+
+# The parameters of a step without STARE: gate closed, every weight 1 (plain GRPO).
+GRPO_PARAMS = StepParams(gate_on=False, w=1.0, m=1.0)
+
+
+class STAREController:
+    """Entropy gate and (optionally adaptive) weights, one `update` per training step.
+
+    update(H) measures the step's batch entropy H and returns the StepParams for THIS step:
+    gate_on = H < target_entropy (strict). When adaptive, W <- clip(W + alpha sign(H_tgt - H), 1, w_max)
+    and M <- clip(M - alpha sign(H_tgt - H), m_min, 1); with timing "next_step" this step uses the
+    values from before the update, with "same_step" the updated values.
+    Attributes: gate_on, w, m (the values the NEXT update starts from), last_entropy, last_params.
+    A non-finite entropy leaves the state unchanged, warns, and returns the previous step's params.
+    """
+
+    def __init__(
+        self,
+        target_entropy: float = 0.3,
+        w: float = 1.1,
+        m: float = 0.9,
+        adaptive: bool = False,
+        alpha: float = 0.01,
+        w_max: float = 1.5,
+        m_min: float = 0.5,
+        timing: str = "next_step",
+    ) -> None:
+        self.target_entropy = float(target_entropy)
+        self.adaptive = bool(adaptive)
+        self.alpha = float(alpha)
+        self.w_max = float(w_max)
+        self.m_min = float(m_min)
+        self.timing = timing
+        self.w = float(w)
+        self.m = float(m)
+        self.gate_on = False
+        self.last_entropy: float | None = None
+        self.last_params = StepParams(gate_on=False, w=self.w, m=self.m)
+        self.num_updates = 0
+
+    def update(self, entropy: float | Tensor) -> StepParams:
+        value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
+        if not math.isfinite(value):
+            warnings.warn(
+                f"STAREController.update got a non-finite entropy ({value}); keeping the previous state",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self.last_params
+        gate_on = value < self.target_entropy
+        before = (self.w, self.m)
+        if self.adaptive:
+            direction = float((self.target_entropy > value) - (self.target_entropy < value))
+            self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
+            self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
+        use_w, use_m = before if self.timing == "next_step" else (self.w, self.m)
+        self.gate_on = gate_on
+        self.last_entropy = value
+        self.last_params = StepParams(gate_on=gate_on, w=use_w, m=use_m)
+        self.num_updates += 1
+        return self.last_params
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "gate_on": self.gate_on,
+            "w": self.w,
+            "m": self.m,
+            "last_entropy": self.last_entropy,
+            "last_params": {"gate_on": self.last_params.gate_on, "w": self.last_params.w, "m": self.last_params.m},
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        missing = _STATE_KEYS - set(state)
+        if missing:
+            raise ValueError(f"STAREController state is missing keys {sorted(missing)}")
+        self.gate_on = bool(state["gate_on"])
+        self.w = float(state["w"])
+        self.m = float(state["m"])
+        last = state["last_entropy"]
+        self.last_entropy = None if last is None else float(last)
+        lp = state["last_params"]
+        self.last_params = StepParams(gate_on=bool(lp["gate_on"]), w=float(lp["w"]), m=float(lp["m"]))
+        self.num_updates = int(state["num_updates"])

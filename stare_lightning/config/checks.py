@@ -1,0 +1,85 @@
+"""The validation helpers every config schema uses, so a bad value fails the same way wherever it is set.
+
+Each helper raises ``ValueError`` naming the full config key, the value given and what is allowed, e.g.
+``algorithm.stare.top_ratio=1.5 is out of range: must be a number in [0.0, 1.0]``. A value of the wrong
+kind (a string, a bool where a number belongs, NaN) "is not allowed"; a number of the right kind outside
+its bounds "is out of range". Checks of the values of several keys together stay with their schema.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["choice", "flag", "number", "text"]
+
+
+def _show(value: Any) -> str:
+    """A value as a user writes it in YAML or on the command line (``null``, ``true``), else its repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
+    """``value`` must be one of ``allowed`` (include ``None`` to allow ``null``)."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed: choose one of [{', '.join(_show(a) for a in allowed)}]")
+
+
+def flag(key: str, value: Any) -> None:
+    """``value`` must be a bool (``1`` or ``"yes"`` are refused: YAML spells it true or false)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} is not allowed: must be true or false")
+
+
+def text(key: str, value: Any) -> None:
+    """``value`` must be a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key}={value!r} is not allowed: must be a non-empty string")
+
+
+def _bounds(low: float, high: float, low_open: bool, high_open: bool, integer: bool, allow_inf: bool) -> str:
+    kind = "an integer" if integer else "a number"
+    if low == -math.inf and high == math.inf:
+        return f"must be {kind}" if allow_inf or integer else "must be a finite number"
+    if high == math.inf:
+        return f"must be {kind} {'>' if low_open else '>='} {low}"
+    if low == -math.inf:
+        return f"must be {kind} {'<' if high_open else '<='} {high}"
+    return f"must be {kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def number(
+    key: str,
+    value: Any,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    allow_inf: bool = False,
+) -> None:
+    """``value`` must be a number (an int when ``integer``) within the bounds; NaN never, +-inf only with ``allow_inf``.
+
+    Bounds are closed unless ``low_open`` / ``high_open``. Bools are refused although Python counts them as ints.
+    """
+    allowed = _bounds(low, high, low_open, high_open, integer, allow_inf)
+    wrong_kind = (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+        or math.isnan(value)
+        or (math.isinf(value) and not allow_inf)
+    )
+    if wrong_kind:
+        raise ValueError(f"{key}={value!r} is not allowed: {allowed}")
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):
+        raise ValueError(f"{key}={value!r} is out of range: {allowed}")

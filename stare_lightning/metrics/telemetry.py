@@ -1,0 +1,185 @@
+"""Per-step training telemetry and per-epoch validation telemetry, under the project's metric names.
+
+Both are ``nn.Module``s of torchmetrics objects: their states follow the module's device, updates take
+device tensors (no host sync inside the update loop), and each ``compute()`` reduces the sums across
+ranks, so a token mean is exact whatever the sharding. Training metrics are computed once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, PassAtK
+from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, TokenEntropy
+from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANTS
+from stare_lightning.metrics.step_stats import (
+    ClipFraction,
+    FracZeroStdGroups,
+    GateRate,
+    GradNorm,
+    ResponseLength,
+    RewardStats,
+    RolloutCounters,
+    SelectedFraction,
+    TruncatedFraction,
+    UpdateLoss,
+)
+from stare_lightning.metrics.text import ReflectionWords
+
+
+def _grouped(texts: Sequence[str], n: int) -> list[list[str]]:
+    return [list(texts[i : i + n]) for i in range(0, len(texts), n)]
+
+
+class TrainTelemetry(nn.Module):
+    """The ``train/`` metrics of one step.
+
+    Order within a step: ``batch_entropy`` (H_k, before the gate), ``add_micro_batch`` for every
+    micro-batch of the update and ``add_optimizer_step`` for every optimizer step, then ``compute`` once.
+    """
+
+    def __init__(self, reflection_words: Sequence[str] | None = None, forecast_window: int = 20) -> None:
+        super().__init__()
+        self.entropy = TokenEntropy()
+        self.quadrants = QuadrantMass()
+        self.forecast = EntropyForecast(window=forecast_window)  # across steps: never reset
+        self.gate_rate = GateRate()  # cumulative over the run: the gate on-rate so far
+        self.gate_rate.persistent(True)  # so it survives a resume, like the forecast window
+        self.reflection = ReflectionWords(reflection_words or DEFAULT_REFLECTION_WORDS)
+        self.distinct = DistinctCorrect()
+        self.lengths = ResponseLength()
+        self.truncated = TruncatedFraction()
+        self.zero_std = FracZeroStdGroups()
+        self.rewards = RewardStats()
+        self.selection = SelectedFraction()
+        self.clip = ClipFraction()
+        self.loss = UpdateLoss()
+        self.grad_norm = GradNorm()
+        self.rollout = RolloutCounters()
+
+    def _per_step(self) -> tuple:
+        return (
+            self.quadrants,
+            self.reflection,
+            self.distinct,
+            self.lengths,
+            self.truncated,
+            self.zero_std,
+            self.rewards,
+            self.selection,
+            self.clip,
+            self.loss,
+            self.grad_norm,
+            self.rollout,
+        )
+
+    def batch_entropy(self, entropy: Tensor, mask: Tensor) -> float:
+        """H_k: token-mean entropy of the rollout policy over every valid response token of the step, all ranks."""
+        self.entropy.reset()
+        self.entropy.update(entropy, mask)
+        return float(self.entropy.compute()["entropy"])
+
+    def add_micro_batch(self, stats: Mapping[str, Tensor]) -> None:
+        """The sums ``policy_loss`` reports for one micro-batch (its share of the step loss included)."""
+        self.clip.update(stats["clip_low"], stats["clip_high"], stats["tokens"])
+        self.loss.update(stats["loss"], stats["pg_loss"], stats.get("kl_sum", 0.0), stats["tokens"])
+
+    def add_optimizer_step(self, grad_norm: float | None) -> None:
+        """One optimizer step; ``grad_norm`` None when it was skipped (non-finite)."""
+        self.loss.update(steps=1)
+        if grad_norm is not None:
+            self.grad_norm.update(grad_norm)
+
+    def compute(
+        self, *, batch, scores, selection, omega: Tensor | None, stare_params, entropy: float, collection, lr: float
+    ) -> dict[str, float]:
+        """All ``train/`` metrics of the step; resets the per-step states.
+
+        ``batch``: the step's ``RolloutBatch``; ``scores``: its ``TokenScores``; ``selection``: STARE's
+        step-wide ``STAREStats``; ``omega``: the weights that selection gave (None: all ones);
+        ``stare_params``: the gate and W/M used; ``collection``: the step's ``Collection``.
+        """
+        mask, advantages = batch.response_mask, batch.advantages
+        stats = collection.stats
+        n = collection.correct.shape[1]
+        self.quadrants.update(advantages, mask, scores.phi, omega, selection.selected)
+        self.selection.update(selection.selected, advantages, mask)
+        self.reflection.update(collection.texts)
+        self.distinct.update(_grouped(collection.texts, n), collection.correct > 0.5)
+        self.lengths.update(mask.sum(-1))
+        self.truncated.update(collection.truncated)
+        self.zero_std.update(torch.cat(stats.zero_std_groups))  # before dynamic sampling dropped any group
+        self.rewards.update(torch.cat([r.flatten() for r in stats.generated_rewards]).to(mask.device))
+        self.rollout.update(
+            tokens=stats.generated_tokens,
+            seconds=stats.generation_seconds,
+            timeouts=stats.verifier_timeouts,
+            errors=stats.verifier_errors,
+            batches=stats.generation_batches,
+        )
+        self.gate_rate.update(bool(stare_params.gate_on))
+        out: dict[str, float] = {}
+        for metric in self._per_step():
+            out.update({k: float(v) for k, v in metric.compute().items()})
+            metric.reset()
+        out["entropy"] = entropy
+        out["lr"] = lr
+        out["stare/gate_on"] = float(stare_params.gate_on)
+        out["stare/gate_on_rate"] = float(self.gate_rate.compute()["stare/gate_on"])
+        out["stare/w"], out["stare/m"] = float(stare_params.w), float(stare_params.m)
+        # First-order forecast of the next step's entropy change: the exact quadrants' dH add up to the token
+        # mean of omega * A * Phi, and lr stands in for the logit step size (its scale is nominal; its sign
+        # and its correlation with the realised change are what it tells).
+        predicted = lr * sum(out[f"quadrant/exact/{q}/dH"] for q in QUADRANTS)
+        out.update({k: float(v) for k, v in self.forecast(entropy, predicted).items()})
+        return {f"train/{k}": v for k, v in out.items()}
+
+
+class ValidationTelemetry(nn.Module):
+    """The ``val/`` metrics, accumulated over the validation batches of an epoch."""
+
+    def __init__(self, pass_k: Sequence[int], reflection_words: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.avg = AvgAtN()
+        self.pass_at = PassAtK(k=list(pass_k))
+        self.distinct = DistinctCorrect()
+        self.reflection = ReflectionWords(reflection_words or DEFAULT_REFLECTION_WORDS)
+        self.lengths = ResponseLength()
+        self.truncated = TruncatedFraction()
+
+    def _metrics(self) -> tuple:
+        return (self.avg, self.pass_at, self.distinct, self.reflection, self.lengths, self.truncated)
+
+    def update(self, rollouts, scores: Sequence[float]) -> None:
+        """One batch of ``rollouts`` (``n`` samples per prompt) and the verifier's score of each sample."""
+        n = rollouts.n
+        correct = torch.tensor(list(scores), dtype=torch.float32).view(-1, n) > 0.5
+        num_correct = correct.sum(-1)
+        self.avg.update(num_correct, n)
+        self.pass_at.update(num_correct, n)
+        self.distinct.update(_grouped(rollouts.texts, n), correct)
+        self.reflection.update(rollouts.texts)
+        self.lengths.update(torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32))
+        self.truncated.update(torch.tensor([reason == "length" for reason in rollouts.finish_reasons]))
+
+    def compute(self) -> dict[str, float]:
+        out = {}
+        for metric in self._metrics():
+            out.update({f"val/{k}": float(v) for k, v in metric.compute().items()})
+        return out
+
+    def reset(self) -> None:
+        for metric in self._metrics():
+            metric.reset()
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory of this process, or its peak resident memory on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -1,0 +1,41 @@
+"""``OptimConfig``: the typed ``optim`` group (optimizer, schedule, micro-batching), checked in ``__post_init__``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stare_lightning.config.checks import choice, number, text
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "torch.optim.AdamW"  # a _target_, checked against the allow-list when built
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+    micro_batch_tokens: int = 8192
+    logprob_chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        p = "optim."
+        text(f"{p}optimizer", self.optimizer)
+        choice(f"{p}schedule", self.schedule, SCHEDULES)
+        number(f"{p}lr", self.lr, low=0.0, low_open=True)
+        number(f"{p}weight_decay", self.weight_decay, low=0.0)
+        if len(self.betas) != 2:
+            raise ValueError(f"{p}betas={list(self.betas)!r} is not allowed: must be two numbers in [0.0, 1.0)")
+        for i, beta in enumerate(self.betas):
+            number(f"{p}betas[{i}]", beta, low=0.0, high=1.0, high_open=True)
+        number(f"{p}eps", self.eps, low=0.0, low_open=True)
+        number(f"{p}warmup_steps", self.warmup_steps, low=0, integer=True)
+        number(f"{p}min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        number(f"{p}grad_clip", self.grad_clip, low=0.0)
+        number(f"{p}micro_batch_tokens", self.micro_batch_tokens, low=1, integer=True)
+        number(f"{p}logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True)

@@ -1,0 +1,38 @@
+"""House rules a reader can rely on: small modules and short functions in the package.
+
+No module over 400 lines and no function over 60 lines (docstring included). A function that must be
+longer goes into ``LONG_FUNCTIONS`` with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "stare_lightning"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+LONG_FUNCTIONS: dict[str, str] = {}  # "path/to/module.py::name" -> why it stays long
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_modules_are_short():
+    long = {
+        str(p.relative_to(PACKAGE)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_functions_are_short():
+    long = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = f"{path.relative_to(PACKAGE)}::{node.name}"
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS:
+                    long[key] = length
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them, or list them with a reason): {long}"

@@ -1,0 +1,171 @@
+"""Collection with a scripted engine: rewards, advantages and dynamic sampling's refill, budget and lockstep.
+
+The engine returns responses written in advance for each (generation batch, prompt), so every reward is
+known; verification runs in the real verifier pool ("exact" verifier: a response is correct when it reads
+"yes").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stare_lightning.algorithms import AlgorithmConfig
+from stare_lightning.rewards import VerifierPool
+from stare_lightning.rollout.base import Rollouts, SamplingParams
+from stare_lightning.step import collect
+
+N = 4
+
+
+class ScriptedEngine:
+    """Answers prompt ``id`` of generation batch ``b`` with ``script[(b, id)]`` (N texts); records every call."""
+
+    holds_weight_copy = False
+
+    def __init__(self, script: dict[tuple[int, str], list[str]]) -> None:
+        self.script = script
+        self.calls: list[tuple[list[list[int]], list[int]]] = []
+
+    def generate(self, prompt_ids, params, seeds=None) -> Rollouts:
+        batch = len(self.calls)
+        self.calls.append((prompt_ids, list(seeds)))
+        texts = [t for ids in prompt_ids for t in self.script[(batch, _id_of(ids))]]
+        responses = [[ord(c) for c in t] or [0] for t in texts]
+        return Rollouts(
+            prompt_ids=[ids for ids in prompt_ids for _ in range(params.n)],
+            response_ids=responses,
+            response_logprobs=[[-0.5] * len(r) for r in responses],
+            texts=texts,
+            finish_reasons=["length" if len(t) > params.max_new_tokens else "stop" for t in texts],
+            n=params.n,
+            generation_seconds=0.25,
+        )
+
+
+def _item(record_id: str) -> dict:
+    return {"id": record_id, "prompt_ids": [ord(c) for c in record_id], "verifier": "exact", "answer": "yes"}
+
+
+def _id_of(prompt_ids: list[int]) -> str:
+    return "".join(chr(i) for i in prompt_ids)
+
+
+MIXED, ALL_RIGHT, ALL_WRONG = ["yes", "no", "yes", "no"], ["yes"] * N, ["no"] * N
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool() as pool:
+        yield pool
+
+
+def _collect(pool, engine, items, more=None, agree=None, **alg):
+    cfg = AlgorithmConfig(**alg)
+    return collect(
+        items,
+        engine,
+        pool,
+        SamplingParams(n=N, max_new_tokens=8),
+        cfg,
+        pad_token_id=0,
+        more_prompts=more,
+        all_ranks_agree=agree,
+        seed=7,
+    )
+
+
+def test_one_batch_without_dynamic_sampling_keeps_every_group(pool):
+    engine = ScriptedEngine({(0, "a"): MIXED, (0, "b"): ALL_RIGHT})
+    got = _collect(pool, engine, [_item("a"), _item("b")], dynamic_sampling=False)
+    assert len(engine.calls) == 1 and [i["id"] for i in got.items] == ["a", "b"]
+    assert got.correct.tolist() == [[1.0, 0.0, 1.0, 0.0], [1.0] * N]
+    # GRPO advantages by hand: (r - mean) / (unbiased std + eps) per group; zero for the agreeing group.
+    mixed = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    want = (mixed - mixed.mean()) / (mixed.std() + 1e-6)
+    assert torch.allclose(got.batch.advantages[:N], want) and torch.all(got.batch.advantages[N:] == 0)
+    assert got.stats.generation_batches == 1 and got.stats.generated_tokens == sum(len(t) for t in MIXED + ALL_RIGHT)
+    assert [z.tolist() for z in got.stats.zero_std_groups] == [[False, True]]
+    assert got.texts == MIXED + ALL_RIGHT
+
+
+def test_dynamic_sampling_refills_past_zero_variance_groups(pool):
+    script = {
+        (0, "a"): ALL_RIGHT,
+        (0, "b"): MIXED,
+        (0, "c"): ALL_WRONG,
+        (1, "d"): ALL_WRONG,
+        (1, "e"): ["no", "yes", "no", "no"],
+        (1, "f"): MIXED,
+    }
+    engine = ScriptedEngine(script)
+    asked = []
+
+    def more(count, attempt):
+        asked.append((count, attempt))
+        return [_item(x) for x in "def"]
+
+    got = _collect(pool, engine, [_item(x) for x in "abc"], more=more, dynamic_sampling=True, max_generation_batches=5)
+    # b from the first batch, then e and f from the second: the target of three groups is met, no third batch.
+    assert [i["id"] for i in got.items] == ["b", "e", "f"] and asked == [(3, 1)]
+    assert got.stats.generation_batches == 2
+    assert [z.tolist() for z in got.stats.zero_std_groups] == [[True, False, True], [True, False, False]]
+    assert all(got.batch.advantages.view(3, N).std(-1) > 0)
+    assert got.batch.num_rows == 3 * N and got.texts[N : 2 * N] == script[(1, "e")]
+    # Rewards of every generated group (kept or not) are reported, batch by batch.
+    assert [r.sum().item() for r in got.stats.generated_rewards] == [6.0, 3.0]
+
+
+def test_dynamic_sampling_stops_at_its_budget_and_keeps_the_last_batch(pool):
+    script = {(b, x): ALL_WRONG for b in range(3) for x in "ab"}
+    engine = ScriptedEngine(script)
+    got = _collect(
+        pool,
+        engine,
+        [_item("a"), _item("b")],
+        more=lambda count, attempt: [_item("a"), _item("b")],
+        dynamic_sampling=True,
+        max_generation_batches=3,
+    )
+    assert len(engine.calls) == 3 and got.stats.generation_batches == 3
+    # Nothing carried signal: the last batch is kept unfiltered, with zero advantages (zero gradient).
+    assert got.batch.num_rows == 2 * N and torch.all(got.batch.advantages == 0)
+
+
+def test_ranks_generate_in_lockstep_until_all_agree(pool):
+    script = {(b, "a"): MIXED for b in range(3)}
+    engine = ScriptedEngine(script)
+    votes = []
+
+    def agree(stop):  # another rank needs two more batches
+        votes.append(stop)
+        return len(votes) >= 3
+
+    got = _collect(
+        pool,
+        engine,
+        [_item("a")],
+        more=lambda count, attempt: [_item("a")],
+        agree=agree,
+        dynamic_sampling=True,
+        max_generation_batches=10,
+    )
+    assert votes == [True, True, True] and len(engine.calls) == 3
+    assert got.batch.num_rows == N  # this rank was done after the first batch: the extra groups are dropped
+
+
+def test_seeds_follow_the_prompt_and_the_generation_batch_not_the_position(pool):
+    engine = ScriptedEngine({(0, "a"): MIXED, (0, "b"): MIXED, (1, "b"): MIXED, (1, "a"): MIXED})
+    _collect(pool, engine, [_item("a"), _item("b")], dynamic_sampling=False)
+    _collect(pool, engine, [_item("b"), _item("a")], dynamic_sampling=False)
+    (_, first), (_, swapped) = engine.calls
+    assert first == swapped[::-1] and first[0] != first[1]
+
+
+def test_overlong_shaping_changes_rewards_not_correctness(pool):
+    long_yes = "yes" + " " * 7  # 10 tokens > max_new_tokens - buffer
+    engine = ScriptedEngine({(0, "a"): [long_yes, "yes", "no", "no"]})
+    got = _collect(pool, engine, [_item("a")], dynamic_sampling=False, overlong_buffer=4)
+    assert got.correct.tolist() == [[1.0, 1.0, 0.0, 0.0]]
+    assert got.batch.rewards.tolist() == [0.0, 1.0, 0.0, 0.0]  # 10 tokens: past the limit of 8, penalty -1
+    assert got.truncated.tolist() == [True, False, False, False]
