@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from stare_lightning.algorithms import AlgorithmConfig, StareConfig, STAREController
+from stare_lightning.algorithms import AlgorithmConfig, STAREConfig, STAREController
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
 
 
 def test_defaults_follow_the_method_doc():
-    s = StareConfig()
+    s = STAREConfig()
     assert (s.enabled, s.variant, s.top_ratio, s.w, s.m, s.target_entropy) == (False, "O1", 0.1, 1.1, 0.9, 0.3)
     assert (s.selector, s.scope, s.surprisal_source, s.adaptive, s.timing) == (
         "surprisal",
@@ -23,7 +23,7 @@ def test_defaults_follow_the_method_doc():
     )
     a = AlgorithmConfig()
     assert a.clip_eps_low == 0.2 and a.loss_agg == "token-mean" and a.kl_estimator == "k3"
-    assert isinstance(a.stare, StareConfig)
+    assert isinstance(a.stare, STAREConfig)
 
 
 @pytest.mark.parametrize(
@@ -49,15 +49,15 @@ def test_defaults_follow_the_method_doc():
 )
 def test_stare_config_rejects(key, value):
     with pytest.raises(ValueError, match=f"stare.{key}={value!r}"):
-        StareConfig(**{key: value})
+        STAREConfig(**{key: value})
 
 
 def test_stare_adaptive_bounds():
     with pytest.raises(ValueError, match="stare.w"):
-        StareConfig(adaptive=True, w=1.6, w_max=1.5)
+        STAREConfig(adaptive=True, w=1.6, w_max=1.5)
     with pytest.raises(ValueError, match="stare.m"):
-        StareConfig(adaptive=True, m=0.4, m_min=0.5)
-    StareConfig(adaptive=True, w=1.5, m=0.5)
+        STAREConfig(adaptive=True, m=0.4, m_min=0.5)
+    STAREConfig(adaptive=True, w=1.5, m=0.5)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_messages_name_the_full_key_and_what_is_allowed():
         match=r"^algorithm\.stare\.top_ratio=1\.5 is out of range: must be a number in "
         r"\[0\.0, 1\.0\]$",
     ):
-        StareConfig(top_ratio=1.5)
+        STAREConfig(top_ratio=1.5)
     with pytest.raises(
         ValueError,
         match=r"^algorithm\.mismatch_mode='clip' is not allowed: choose one of "
@@ -133,7 +133,7 @@ def test_cross_field_checks():
 
 def test_nested_mapping_and_derived_methods():
     a = AlgorithmConfig(stare={"enabled": True, "selector": "sensitivity"})
-    assert isinstance(a.stare, StareConfig)
+    assert isinstance(a.stare, STAREConfig)
     assert a.needs_old_logprob_pass() and a.stare.needs_sensitivity()
     with pytest.raises(ValueError, match="stare.variant"):
         AlgorithmConfig(stare={"variant": "X"})
@@ -148,7 +148,7 @@ def test_nested_mapping_and_derived_methods():
     assert AlgorithmConfig(overlong_buffer=4).uses_overlong_penalty()
     assert not plain.uses_mismatch_correction()
     assert AlgorithmConfig(mismatch_correction="sequence", mismatch_mode="mask").uses_mismatch_correction()
-    ctrl = StareConfig(adaptive=True, alpha=0.02, timing="same_step").make_controller()
+    ctrl = STAREConfig(adaptive=True, alpha=0.02, timing="same_step").make_controller()
     assert isinstance(ctrl, STAREController) and ctrl.alpha == 0.02 and ctrl.timing == "same_step"
 
 
@@ -161,7 +161,7 @@ def test_omegaconf_structured_round_trip_validates():
     with pytest.raises(ValueError, match="loss_agg"):
         OmegaConf.to_object(bad)
     # only OmegaConf-friendly field types
-    for cls in (AlgorithmConfig, StareConfig):
+    for cls in (AlgorithmConfig, STAREConfig):
         for f in dataclasses.fields(cls):
             assert "Literal" not in str(f.type) and "Union" not in str(f.type)
 

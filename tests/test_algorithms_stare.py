@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stare_lightning.algorithms import (
-    StareConfig,
+    STAREConfig,
     STAREController,
     StepParams,
     clipped_surrogate,
@@ -163,7 +163,7 @@ def test_sensitivity_selector_needs_phi():
         stare_token_weights(lp, adv, mask, selector="sensitivity")
 
 
-# Ranges are checked once, where a run's settings enter: StareConfig (which builds the controller).
+# Ranges are checked once, where a run's settings enter: STAREConfig (which builds the controller).
 @pytest.mark.parametrize(
     "kwargs, key",
     [
@@ -186,7 +186,7 @@ def test_sensitivity_selector_needs_phi():
 )
 def test_stare_settings_are_range_checked_by_the_config(kwargs, key):
     with pytest.raises(ValueError, match=f"algorithm.stare.{key}="):
-        StareConfig(**kwargs)
+        STAREConfig(**kwargs)
 
 
 # ---------------------------------------------------------------- scopes

@@ -21,11 +21,17 @@ from stare_lightning.metrics import (
     EntropyForecast,
     FracZeroStdGroups,
     GateRate,
+    GradNorm,
     PassAtK,
     QuadrantMass,
     ReflectionWords,
     ResponseLength,
+    RewardStats,
+    RolloutCounters,
+    SelectedFraction,
     TokenEntropy,
+    TruncatedFraction,
+    UpdateLoss,
 )
 from tests.distributed import run_on_ranks
 
@@ -67,6 +73,12 @@ def _make_data(seed: int) -> dict:
         "groups": [[rng.choice(["1", " 1", "2", "x"]) for _ in range(rng.randint(1, 4))] for _ in range(b)],
         "rewards": torch.randint(0, 2, (b, 4), generator=gen).float(),
         "gate": [True, False, True, True, False],
+        "truncated": torch.rand(b, generator=gen) > 0.7,
+        "loss": torch.randn(b, generator=gen),
+        "pg_loss": torch.randn(b, generator=gen),
+        "kl": torch.rand(b, generator=gen),
+        "tokens": torch.randint(1, 9, (b,), generator=gen).float(),
+        "gen_tokens": torch.randint(10, 90, (b,), generator=gen).tolist(),
     }
 
 
@@ -88,6 +100,12 @@ def _feed(metrics: dict, d: dict, lo: int, hi: int) -> None:
     )
     metrics["clip"].update(clip.clip_low, clip.clip_high, clip.tokens)
     metrics["zero_std"].update(zero_variance_groups(d["rewards"][s]))
+    metrics["reward"].update(d["rewards"][s])
+    metrics["selection"].update(d["selected"][s], d["adv"][s], d["mask"][s])
+    metrics["truncated"].update(d["truncated"][s])
+    for i in range(lo, hi):  # one micro-batch per row: each rank adds its share of the step's loss
+        metrics["loss"].update(d["loss"][i], d["pg_loss"][i], d["kl"][i], d["tokens"][i])
+        metrics["rollout"].update(tokens=d["gen_tokens"][i], seconds=0.5, timeouts=i % 2, errors=1, batches=0)
 
 
 def _make_metrics(**kwargs) -> dict:
@@ -103,6 +121,12 @@ def _make_metrics(**kwargs) -> dict:
         "clip": ClipFraction(**kwargs),
         "zero_std": FracZeroStdGroups(**kwargs),
         "gate": GateRate(**kwargs),
+        "reward": RewardStats(**kwargs),
+        "selection": SelectedFraction(**kwargs),
+        "truncated": TruncatedFraction(**kwargs),
+        "loss": UpdateLoss(**kwargs),
+        "grad_norm": GradNorm(**kwargs),
+        "rollout": RolloutCounters(**kwargs),
     }
 
 
@@ -119,9 +143,13 @@ def _worker(rank: int, world: int) -> None:
         _feed(shared, data, 3, 3)
     else:
         _feed(shared, data, 3, b)
-    for flag in data["gate"]:  # the gate is global: every rank records the same flags
-        shared["gate"].update(flag)
-        local["gate"].update(flag)
+    for metrics in (shared, local):  # global quantities: every rank records the same values
+        for flag in data["gate"]:
+            metrics["gate"].update(flag)
+        for norm in (0.5, 2.0, 1.25):  # three optimizer steps of the step's update
+            metrics["grad_norm"].update(norm)
+            metrics["loss"].update(steps=1)
+        metrics["rollout"].update(tokens=0, seconds=0.0, timeouts=0, errors=0, batches=2)
     for name in local:
         _check(name, shared[name].compute(), local[name].compute())
 

@@ -20,11 +20,17 @@ from stare_lightning.metrics import (
     EntropyForecast,
     FracZeroStdGroups,
     GateRate,
+    GradNorm,
     PassAtK,
     QuadrantMass,
     ReflectionWords,
     ResponseLength,
+    RewardStats,
+    RolloutCounters,
+    SelectedFraction,
     TokenEntropy,
+    TruncatedFraction,
+    UpdateLoss,
 )
 
 SHAPES = [(1, 1), (3, 7), (5, 12), (0, 4), (4, 0)]
@@ -552,3 +558,57 @@ def test_forward_returns_batch_value_and_keeps_accumulating():
     assert float(batch["entropy"]) == 2.0
     metric(torch.tensor([[5.0, 0.0]]), torch.tensor([[True, False]]))
     assert float(metric.compute()["entropy"]) == pytest.approx(3.0)
+
+
+# ------------------------------------------------------------------------------ step bookkeeping
+
+
+def test_step_bookkeeping_matches_naive_sums():
+    gen = torch.Generator().manual_seed(3)
+    rewards = [torch.randint(0, 3, (4, 8), generator=gen).float() / 2, torch.rand(2, 8, generator=gen)]
+    metric = RewardStats()
+    for r in rewards:
+        metric.update(r)
+    flat = [float(v) for r in rewards for v in r.flatten()]
+    mean = sum(flat) / len(flat)
+    std = (sum((v - mean) ** 2 for v in flat) / len(flat)) ** 0.5  # population std
+    assert_values_close(metric.compute(), {"reward/mean": mean, "reward/std": std}, tol=1e-12)
+
+    mask = random_mask(gen, 5, 7)
+    adv, selected = torch.randn(5, generator=gen), torch.rand(5, 7, generator=gen) > 0.6
+    adv[2] = 0.0
+    selection = SelectedFraction()
+    selection.update(selected, adv, mask)
+    pos = [(b, t) for b in range(5) for t in range(7) if mask[b, t] and adv[b] > 0]
+    neg = [(b, t) for b in range(5) for t in range(7) if mask[b, t] and adv[b] < 0]
+    want = {
+        "stare/selected_frac/pos": sum(bool(selected[i]) for i in pos) / len(pos) if pos else 0.0,
+        "stare/selected_frac/neg": sum(bool(selected[i]) for i in neg) / len(neg) if neg else 0.0,
+    }
+    assert_values_close(selection.compute(), want)
+
+    truncated = TruncatedFraction()
+    truncated.update(torch.tensor([True, False, False, True]))
+    assert_values_close(truncated.compute(), {"response_length/truncated_frac": 0.5})
+
+    loss = UpdateLoss()
+    shares = [(0.5, 0.25, 2.0, 10), (-1.5, -1.0, 1.0, 6), (0.75, 0.5, 0.0, 4)]
+    for share in shares:
+        loss.update(*share)
+    loss.update(steps=1)
+    loss.update(steps=1)
+    total = [sum(s[i] for s in shares) for i in range(4)]
+    want = {"loss": total[0] / 2, "pg_loss": total[1] / 2, "kl": total[2] / total[3]}
+    assert_values_close(loss.compute(), want)
+
+    norm = GradNorm()
+    assert math.isnan(float(norm.compute()["grad_norm"]))  # no step taken
+    norm.update(1.0)
+    norm.update(3.0)
+    assert_values_close(norm.compute(), {"grad_norm": 2.0})
+
+    counters = RolloutCounters()
+    counters.update(tokens=120, seconds=2.0, timeouts=1, errors=0, batches=1)
+    counters.update(tokens=30, seconds=1.0, timeouts=0, errors=2, batches=1)
+    want = {"rollout/tokens_per_s": 50.0, "generation_batches": 2.0, "verifier/timeouts": 1.0, "verifier/errors": 2.0}
+    assert_values_close(counters.compute(), want)

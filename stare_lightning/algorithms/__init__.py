@@ -5,7 +5,7 @@ reference loops in tests/test_algorithms_*.py.
 """
 
 from stare_lightning.algorithms.advantages import compute_advantages, overlong_penalty, zero_variance_groups
-from stare_lightning.algorithms.config import AlgorithmConfig, StareConfig
+from stare_lightning.algorithms.config import AlgorithmConfig, STAREConfig
 from stare_lightning.algorithms.entropy_control import (
     AdaptiveEntropyCoefficient,
     clip_cov_mask,
@@ -34,7 +34,7 @@ __all__ = [
     "AlgorithmConfig",
     "LossNormalizer",
     "STAREController",
-    "StareConfig",
+    "STAREConfig",
     "STAREStats",
     "StepParams",
     "SurrogateStats",

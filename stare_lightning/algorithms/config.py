@@ -24,14 +24,14 @@ from stare_lightning.algorithms.stare_controller import STARE_TIMINGS, STARECont
 from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
 from stare_lightning.config.checks import choice, flag, number, text
 
-__all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "StareConfig"]
+__all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "STAREConfig"]
 
 ENTROPY_CONTROLS = ("none", "clip_cov", "kl_cov", "top_entropy")
 SURPRISAL_SOURCES = ("current", "old")
 
 
 @dataclass
-class StareConfig:
+class STAREConfig:
     """STARE settings (docs/method.md, sections 3 and 4)."""
 
     enabled: bool = False
@@ -120,14 +120,14 @@ class AlgorithmConfig:
     mismatch_correction: str = "none"  # none | token | sequence: IS weights for the rollout-engine mismatch
     mismatch_mode: str = "truncate"  # truncate | mask
     mismatch_cap: float = 2.0
-    stare: StareConfig = field(default_factory=StareConfig)
+    stare: STAREConfig = field(default_factory=STAREConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.stare, dict):
-            self.stare = StareConfig(**self.stare)
-        if not isinstance(self.stare, StareConfig):
+            self.stare = STAREConfig(**self.stare)
+        if not isinstance(self.stare, STAREConfig):
             raise ValueError(
-                f"algorithm.stare={self.stare!r} is not allowed: must be a StareConfig or a mapping of its keys"
+                f"algorithm.stare={self.stare!r} is not allowed: must be a STAREConfig or a mapping of its keys"
             )
         p = "algorithm."
         text(f"{p}name", self.name)

@@ -5,7 +5,7 @@ below the target; when adaptive, W moves up and M down by alpha while entropy is
 otherwise), clipped to [1, w_max] and [m_min, 1]. Departure from the reference code: the updated W/M
 apply from the step after the measurement (the paper's formula); ``timing="same_step"`` applies them at
 once, as the reference code does. The state is checkpointed (the reference code loses it on resume).
-Settings are range-checked by ``StareConfig``, which builds the controller.
+Settings are range-checked by ``STAREConfig``, which builds the controller.
 """
 
 from __future__ import annotations
