@@ -1,6 +1,7 @@
-"""``python -m stare_lightning {fit,validate,sft,export} [hydra overrides...]``.
+"""``python -m stare_lightning {fit,validate,sft,export} [hydra overrides...]`` and ``... prepare [arguments]``.
 
-Each subcommand (the table ``cli.SUBCOMMANDS``) is its own Hydra entry over the same config tree. Lightning
+Each subcommand (the table ``cli.SUBCOMMANDS``) is its own Hydra entry over the same config tree, except the
+argparse-style ones in ``cli.PLAIN_SUBCOMMANDS``, which get their arguments and never start Hydra. Lightning
 re-launches DDP/FSDP children as ``python -m stare_lightning <argv>``, so the subcommand stays the first
 argument: the entry restores it (with this job's overrides and output directory) before the Trainer starts.
 """
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"unknown subcommand {argv[0]!r}; choose one of {list(cli.SUBCOMMANDS)}", file=sys.stderr)
             raise SystemExit(2)
         raise SystemExit(0 if argv else 2)
+    if argv[0] in cli.PLAIN_SUBCOMMANDS:
+        raise SystemExit(cli.run_plain(argv[0], argv[1:]))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-step INFO lines from weight syncs

@@ -1,8 +1,10 @@
 """The subcommands: one table that the usage text and the dispatch both read, and what each does with a config.
 
-Light to import (``__main__`` reads the table before anything heavy loads): the schema, Hydra and the
-training code are imported inside the functions that need them. Tests call these functions directly;
-``compose`` builds the config the command line would, without a Hydra run.
+Most subcommands take a Hydra config; those named in ``PLAIN_SUBCOMMANDS`` (``prepare``) take their own
+command-line arguments instead and never start Hydra. Light to import (``__main__`` reads the table before
+anything heavy loads): the schema, Hydra and the training code are imported inside the functions that need
+them. Tests call these functions directly; ``compose`` builds the config the command line would, without a
+Hydra run.
 """
 
 from __future__ import annotations
@@ -18,21 +20,35 @@ if TYPE_CHECKING:
 
     from stare_lightning.config.schema import RunConfig
 
-# name -> ("module:function" called with the validated RunConfig, one line of help)
+# name -> ("module:function", one line of help). The function gets the validated RunConfig, or, for the
+# names in PLAIN_SUBCOMMANDS, the argument list after the subcommand (and returns the exit status).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("stare_lightning.train:fit", "train (default: STARE-O1, built-in tiny model, countdown, offline)"),
     "validate": ("stare_lightning.train:validate", "evaluate a checkpoint: ckpt_path=... (or the starting policy)"),
+    "evaluate": (
+        "stare_lightning.evaluation.run:evaluate",
+        "per-benchmark avg@n / pass@k / maj@n of a model: data.val_files=[...] output_dir=... (ckpt_path=...)",
+    ),
     "sft": ("stare_lightning.train:prepare_model", "prepare the built-in tiny model's supervised cold start (cached)"),
     "export": (
         "stare_lightning.train:export",
         "write a Hugging Face directory from a checkpoint: ckpt_path=... export_dir=...",
     ),
+    "prepare": (
+        "stare_lightning.data.recipes:main",
+        "turn a public data set release into prompt records: NAME --src PATH --out PATH (--list, --help)",
+    ),
 }
+PLAIN_SUBCOMMANDS: frozenset[str] = frozenset({"prepare"})  # argparse-style: no Hydra config
 
 
 def usage() -> str:
     width = max(len(name) for name in SUBCOMMANDS)
-    lines = ["usage: python -m stare_lightning {" + ",".join(SUBCOMMANDS) + "} [key=value ...] [-m for sweeps]"]
+    hydra = [name for name in SUBCOMMANDS if name not in PLAIN_SUBCOMMANDS]
+    plain = [name for name in SUBCOMMANDS if name in PLAIN_SUBCOMMANDS]
+    lines = ["usage: python -m stare_lightning {" + ",".join(hydra) + "} [key=value ...] [-m for sweeps]"]
+    if plain:
+        lines.append("       python -m stare_lightning {" + ",".join(plain) + "} [arguments ...] (see --help)")
     lines += [f"  {name:<{width}}  {help_line}" for name, (_, help_line) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
@@ -93,10 +109,23 @@ def _relaunch_argv(subcommand: str, output_dir: str) -> None:
     sys.argv = [sys.argv[0], subcommand, *overrides, f"output_dir={output_dir}"]
 
 
+def _target(subcommand: str) -> Any:
+    module, _, function = SUBCOMMANDS[subcommand][0].partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def run_plain(subcommand: str, argv: Sequence[str]) -> int:
+    """Run an argparse-style subcommand with the arguments after its name; its exit status."""
+    if subcommand not in PLAIN_SUBCOMMANDS:
+        raise ValueError(f"{subcommand!r} is not a plain subcommand; those are {sorted(PLAIN_SUBCOMMANDS)}")
+    return int(_target(subcommand)(list(argv)) or 0)
+
+
 def run(subcommand: str, cfg: DictConfig) -> Any:
     if subcommand not in SUBCOMMANDS:
         raise ValueError(f"unknown subcommand {subcommand!r}; choose one of {list(SUBCOMMANDS)}")
+    if subcommand in PLAIN_SUBCOMMANDS:
+        raise ValueError(f"{subcommand!r} takes plain arguments, not a config: use run_plain")
     cfg, run_cfg = prepare_config(cfg)
     _relaunch_argv(subcommand, run_cfg.output_dir)
-    module, _, function = SUBCOMMANDS[subcommand][0].partition(":")
-    return getattr(importlib.import_module(module), function)(run_cfg)
+    return _target(subcommand)(run_cfg)

@@ -10,10 +10,9 @@ steps, each accumulated over token-budget micro-batches.
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 import torch
@@ -24,20 +23,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stare_lightning import distributed
 from stare_lightning.algorithms import AlgorithmConfig, StepParams, step_selection
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS
+from stare_lightning.config.schema import ValidationConfig
+from stare_lightning.data.benchmarks import benchmark_sampling
+from stare_lightning.evaluation.samples import sample_records
 from stare_lightning.metrics.telemetry import TrainTelemetry, ValidationTelemetry, peak_memory_gib
 from stare_lightning.models.config import ModelConfig
 from stare_lightning.models.sharding import shard_model
+from stare_lightning.rewards.majority import majority_correct
 from stare_lightning.rewards.pool import VerifierPool
-from stare_lightning.rollout.base import prompt_seeds
+from stare_lightning.rollout.base import SamplingParams, prompt_seeds
 from stare_lightning.rollout.canary import LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
-from stare_lightning.rollout.factory import build_engine
+from stare_lightning.rollout.factory import SyncedEngine
 from stare_lightning.step import Experience, RolloutBatch, TokenScores, micro_batch_loss, micro_batches
 from stare_lightning.step.batch import mini_batch_rows
 from stare_lightning.step.collect import collect, verify
 from stare_lightning.step.loss import step_normalizer
 from stare_lightning.step.scoring import score_batch
 from stare_lightning.trainer.config import OptimConfig
+from stare_lightning.trainer.cpu_threads import share_cores
 from stare_lightning.trainer.optim import build_optimizer
 from stare_lightning.trainer.precision import compute_dtype
 
@@ -51,8 +55,8 @@ class STAREModule(LightningModule):
         algorithm: AlgorithmConfig,
         rollout: RolloutConfig,
         optim: OptimConfig,
-        pass_k: Sequence[int],
-        reflection_words: Sequence[str] | None = None,
+        validation: ValidationConfig,
+        val_sampling: Mapping[str, SamplingParams] | None = None,
         seed: int = 0,
         allowed_targets: Sequence[str] = (),
     ) -> None:
@@ -67,31 +71,31 @@ class STAREModule(LightningModule):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
-        self.engine = None
-        self._engine_stale = True
+        self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
         self.controller = algorithm.stare.make_controller() if algorithm.stare.enabled else None
         self.entropy_coefficient = algorithm.make_entropy_coefficient()
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
-        self.train_telemetry = TrainTelemetry(reflection_words)
-        self.val_telemetry = ValidationTelemetry(pass_k, reflection_words)
+        self.train_telemetry = TrainTelemetry(validation.reflection_words)
+        # Validation benchmarks -> their sampling; a batch of an unlisted benchmark uses the rollout group's.
+        self.val_sampling = dict(val_sampling or {})
+        benchmarks = {name: params.n for name, params in self.val_sampling.items()}
+        self.val_telemetry = ValidationTelemetry(validation.pass_k, validation.reflection_words, benchmarks)
         self.nonfinite_skipped = 0
         self.last_rollout_samples: list[dict] = []
 
     @classmethod
-    def from_config(cls, cfg, model_dir: str) -> STAREModule:
-        """The module of a validated ``RunConfig``."""
+    def from_config(cls, cfg, model_dir: str, val_benchmarks: Sequence[str] = ()) -> STAREModule:
+        """The module of a validated ``RunConfig``; ``val_benchmarks``: the validation data's benchmarks."""
         groups = {"model": cfg.model, "algorithm": cfg.algorithm, "rollout": cfg.rollout, "optim": cfg.optim}
-        validation = {"pass_k": cfg.validation.pass_k, "reflection_words": cfg.validation.reflection_words}
-        return cls(model_dir=model_dir, seed=cfg.seed, allowed_targets=cfg.allowed_targets, **groups, **validation)
+        sampling = benchmark_sampling(cfg.rollout, cfg.data.val_sets, val_benchmarks)
+        return cls(model_dir=model_dir, validation=cfg.validation, val_sampling=sampling, seed=cfg.seed,
+                   allowed_targets=cfg.allowed_targets, **groups)  # fmt: skip
 
     # ----------------------------------------------------------------------------------------- models
     def setup(self, stage: str) -> None:
-        if self.device.type == "cpu" and self.trainer.world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-            # Several CPU ranks on one machine: split the cores, or OpenMP's spinning threads of each rank
-            # fight the others' and every step slows down many times over. An explicit OMP_NUM_THREADS wins
-            # (launchers such as torchrun set it, and only they know how many ranks share the machine).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(self.trainer.num_devices, 1)))
+        if self.device.type == "cpu":
+            share_cores(self.trainer.world_size, self.trainer.num_devices)
 
     def configure_model(self) -> None:
         if self.policy is not None:  # validate-then-fit calls this twice
@@ -116,22 +120,11 @@ class STAREModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _rollout_engine(self):
-        # Validation runs under inference mode; an engine built or synced there would hold inference tensors
-        # that a later sync during training may not update in place.
-        with torch.inference_mode(False):
-            if self.engine is None:
-                dtype = compute_dtype(self.trainer.strategy, self.trainer.precision, self.policy)
-                self.engine = build_engine(
-                    self.rollout, self.policy, self.tokenizer, self.model_dir, seed=self.seed, compute_dtype=dtype
-                )
-                self._engine_stale = getattr(self.engine, "holds_weight_copy", True)
-            if self._engine_stale:
-                self.engine.sync_weights(self.policy)
-                self._engine_stale = False
-        return self.engine
+        dtype = compute_dtype(self.trainer.strategy, self.trainer.precision, self.policy)
+        return self.engine.get(self.policy, dtype)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._engine_stale = True
+        self.engine.mark_stale()
         state = checkpoint.get("stare_lightning", {})
         if self.controller is not None and state.get("controller") is not None:
             self.controller.load_state_dict(state["controller"])
@@ -173,7 +166,7 @@ class STAREModule(LightningModule):
             entropy, params = self._gate(scores, rollouts)  # no controller here: telemetry only
             omega, selection = self._select(scores, rollouts, params)
         canary = self.canary.update(rollouts.rollout_logprobs, scores.logprobs, rollouts.response_mask)
-        self._engine_stale = True
+        self.engine.mark_stale()
         self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
         metrics = self.train_telemetry.compute(
             batch=rollouts, scores=scores, selection=selection, omega=omega, stare_params=params, entropy=entropy,
@@ -266,12 +259,18 @@ class STAREModule(LightningModule):
         scheduler.step()
 
     # ------------------------------------------------------------------------------------ validation
-    def validation_step(self, batch: list[dict], batch_idx: int) -> None:
-        params = self.rollout.validation_sampling()
+    def validation_step(self, batch: list[dict], batch_idx: int) -> dict:
+        """Sample, verify and vote; returns every sample's record (what ``evaluate`` writes to samples.jsonl)."""
+        # A batch never mixes benchmarks; it may be empty (a rank one record short), and still takes part.
+        benchmark = batch[0]["metadata"].get("data_source") if batch else None
+        params = self.val_sampling.get(benchmark) or self.rollout.validation_sampling()
         # Seeded by record id: validation scores do not depend on the number of ranks or the batch size.
         seeds = prompt_seeds(self.seed * 7919, [str(item["id"]) for item in batch], params.n)
         rollouts = self._rollout_engine().generate([item["prompt_ids"] for item in batch], params, seeds=seeds)
-        self.val_telemetry.update(rollouts, verify(batch, rollouts, self.verifiers).scores)
+        scores = verify(batch, rollouts, self.verifiers).scores
+        majority = majority_correct(batch, rollouts.texts, scores, params.n, self.verifiers)
+        self.val_telemetry.update(rollouts, scores, benchmark, majority)
+        return {"samples": sample_records(batch, rollouts, scores, majority, benchmark)}
 
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self.val_telemetry.compute(), on_step=False, on_epoch=True, sync_dist=False)
@@ -281,6 +280,4 @@ class STAREModule(LightningModule):
         if stage != "fit":  # `fit` validates first and keeps its engine and verifier workers for training
             return
         self.verifiers.close()
-        if self.engine is not None:
-            self.engine.close()  # lets a sweep start the next run's engine in this process
-            self.engine, self._engine_stale = None, True
+        self.engine.close()

@@ -25,7 +25,8 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) ->
     if cold is None or cold.steps == 0:
         return base
     settings = {"base": cfg.model.name_or_path, "cold_start": asdict(cold), "data": asdict(cfg.data)}
-    settings["data"].pop("prompts_per_step"), settings["data"].pop("val_batch_size")
+    for key in ("prompts_per_step", "val_batch_size", "val_sets"):  # settings the warm-up does not read
+        settings["data"].pop(key)
     target = cache_dir / f"{cfg.model.name_or_path}-sft-{cold_start_key(settings)}"
     if (target / "config.json").is_file():
         return target
@@ -68,7 +69,7 @@ def _setup(cfg: RunConfig):
     datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     from stare_lightning.module import STAREModule
 
-    return STAREModule.from_config(cfg, str(model_dir)), datamodule
+    return STAREModule.from_config(cfg, str(model_dir), datamodule.val_benchmarks()), datamodule
 
 
 def _checkpoint_path(cfg: RunConfig) -> str | None:
@@ -88,13 +89,13 @@ _EXPECTED_WARNINGS = (
 )
 
 
-def _ignore_expected_warnings() -> None:
+def ignore_expected_warnings() -> None:
     for message in _EXPECTED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
 
 
 def fit(cfg: RunConfig):
-    _ignore_expected_warnings()
+    ignore_expected_warnings()
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     ckpt_path = _checkpoint_path(cfg)
@@ -105,7 +106,7 @@ def fit(cfg: RunConfig):
 
 
 def validate(cfg: RunConfig):
-    _ignore_expected_warnings()
+    ignore_expected_warnings()
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     return trainer.validate(module, datamodule=datamodule, ckpt_path=_checkpoint_path(cfg))

@@ -7,6 +7,7 @@ from :mod:`stare_lightning.rewards`.
 from .config import DataConfig
 from .datamodule import PromptDataModule
 from .prompts import encode_prompt, render_prompt
+from .recipes import RECIPES, prepare
 from .records import DataError, PromptRecord, load_records
 from .tasks import build_records, sft_examples, task_names
 
@@ -15,9 +16,11 @@ __all__ = [
     "DataError",
     "PromptDataModule",
     "PromptRecord",
+    "RECIPES",
     "build_records",
     "encode_prompt",
     "load_records",
+    "prepare",
     "render_prompt",
     "sft_examples",
     "task_names",

@@ -5,9 +5,14 @@ config. Two ways to get prompts:
 
 - a built-in task (``task: countdown | arithmetic``, settings in ``task_kwargs``): ``train_size`` and
   ``val_size`` records are generated, deterministically from ``seed``;
+- a reasoning-gym generator (``source: reasoning_gym``, ``task: <generator> | mixture``, the generator's
+  settings in ``task_kwargs``; ``tasks/reasoning_gym.py``), generated the same way;
 - files (``task: null``, ``train_files`` and optionally ``val_files``): every record of every file is
   used (``train_size`` does not apply); without ``val_files``, ``val_size`` records are held out from
   the training files (a seeded draw), and ``val_size: 0`` turns validation off.
+
+``val_files``, when given, are the validation data in both cases (with a task, instead of its generated
+validation split); each file is a benchmark (``benchmarks``), sampled as ``val_sets`` says.
 
 ``prompts_per_step`` prompts go to each rank per step, so one optimizer step sees
 ``global_batch_size(world_size)`` prompts.
@@ -20,7 +25,8 @@ from dataclasses import dataclass, field
 
 from ..config.checks import choice, number, text
 from ..rewards.registry import get_verifier, is_user_verifier_name
-from .tasks import STYLES, task_names, task_params
+from .benchmarks import ValSetConfig
+from .tasks import SOURCES, STYLES, reasoning_gym, task_names, task_params
 
 
 @dataclass
@@ -28,6 +34,7 @@ class DataConfig:
     """Where prompts come from and how they are batched. See the module docstring."""
 
     task: str | None = "countdown"
+    source: str = "builtin"  # builtin | reasoning_gym: what `task` names (conf/data/reasoning_gym.yaml sets it)
     task_kwargs: dict = field(default_factory=dict)
     prompt_style: str = "plain"  # plain | instruct
     train_files: list[str] = field(default_factory=list)
@@ -44,6 +51,7 @@ class DataConfig:
     columns: dict = field(default_factory=dict)  # schema key -> field name in the files (dotted paths allowed)
     train_split: str = "train"  # split of a `datasets` source holding train_files
     val_split: str = "test"  # split of a `datasets` source holding val_files
+    val_sets: list[ValSetConfig] = field(default_factory=list)  # per-benchmark validation sampling (by name)
 
     def __post_init__(self) -> None:
         # OmegaConf hands over ListConfig / DictConfig; keep plain containers from here on.
@@ -86,17 +94,35 @@ class DataConfig:
             text(f"data.columns.{key}", value)
         for name in ("train_split", "val_split"):
             text(f"data.{name}", getattr(self, name))
+        self.val_sets = [ValSetConfig(**dict(v)) if isinstance(v, Mapping) else v for v in self.val_sets]
+        for index, val_set in enumerate(self.val_sets):
+            val_set.check(f"data.val_sets[{index}]")
+        names = [v.name for v in self.val_sets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.val_sets names a benchmark twice: {names}")
 
     def _check_source(self) -> None:
-        """Exactly one source: a built-in task (with valid keyword arguments) or training files."""
+        """Exactly one source: a built-in or reasoning-gym task (with valid keyword arguments) or training files."""
+        choice("data.source", self.source, SOURCES)
+        gym = self.source == "reasoning_gym"
+        if gym and self.task is None:
+            raise ValueError("data.source=reasoning_gym needs data.task: a reasoning-gym generator name or 'mixture'")
         if self.task is not None:
-            choice("data.task", self.task, (*task_names(), None))
-            if self.train_files or self.val_files:
+            if not gym:
+                try:
+                    choice("data.task", self.task, (*task_names(), None))
+                except ValueError as exc:
+                    raise ValueError(f"{exc}; for a reasoning-gym generator use data=reasoning_gym") from None
+            if self.train_files:
                 raise ValueError(
-                    f"data.task={self.task!r} and data.train_files/val_files are both set; "
+                    f"data.task={self.task!r} and data.train_files are both set; "
                     "set data.task=null to train from files, or drop the files to use the built-in task"
                 )
-            task_params(self.task, self.task_kwargs)  # raises on unknown / bad keys
+            if gym:  # raises on unknown generators, unknown keys and settings the generator refuses
+                self.task_kwargs = reasoning_gym.jsonable(self.task_kwargs)
+                reasoning_gym.parse_source(self.task, self.task_kwargs)
+            else:
+                task_params(self.task, self.task_kwargs)  # raises on unknown / bad keys
         else:
             if not self.train_files:
                 raise ValueError("data.task is null, so data.train_files must list at least one file or data set")

@@ -20,25 +20,22 @@ resumed run continues with exactly the batches an uninterrupted run would have s
 LightningModule must not override ``on_after_batch_transfer`` (Lightning would then call only the
 datamodule's and warn).
 
-Validation loader: finite, the whole validation split, no duplicates and no padding. Rank ``r`` takes
-records ``r, r + W, r + 2W, ...``; every rank gets the same number of batches (so collective calls inside
-``validation_step`` line up), ceil(ceil(N / W) / val_batch_size), and a rank's records are spread evenly
-over them, so ranks may hold one record more or less than each other and batches may be smaller than
-``val_batch_size``. Only with ``val_batch_size=1`` and N not divisible by W can a rank's last batch be
-empty.
+Validation loader: finite, the whole validation split, no duplicates and no padding, benchmark by
+benchmark (``benchmarks``: a batch never mixes benchmarks, every rank gets the same number of batches).
 """
 
 from __future__ import annotations
 
-import math
 import random
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .benchmarks import ValPromptBatches, benchmark_names, check_val_sets, with_benchmark
 from .config import DataConfig
 from .prompts import PromptEncoder, has_chat_template, render_prompt
 from .records import PromptRecord, load_records
@@ -94,40 +91,6 @@ class TrainPromptStream(IterableDataset):
                 lo = j * self.global_batch + self.rank * self.per_rank
                 yield [self.encode(self.records[i]) for i in order[lo : lo + self.per_rank]]
             batch += 1
-
-
-class ValPromptBatches(IterableDataset):
-    """The finite validation batches of one rank (see the module docstring for the split)."""
-
-    def __init__(
-        self,
-        records: list[PromptRecord],
-        encode: Callable[[PromptRecord], dict],
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-    ) -> None:
-        self.encode = encode
-        shard = records[rank::world_size]
-        largest = math.ceil(len(records) / world_size)
-        self.num_batches = math.ceil(largest / batch_size) if records else 0
-        self.batches: list[list[PromptRecord]] = []
-        start = 0
-        for b in range(self.num_batches):
-            size = len(shard) // self.num_batches + (1 if b < len(shard) % self.num_batches else 0)
-            self.batches.append(shard[start : start + size])
-            start += size
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def __iter__(self):
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for b, batch in enumerate(self.batches):
-            if b % num_workers == worker:
-                yield [self.encode(r) for r in batch]
 
 
 def _as_is(batch: Any) -> Any:
@@ -187,6 +150,11 @@ class PromptDataModule(L.LightningDataModule):
         bad input fails before any model is prepared."""
         if self.train_records is None:
             self.train_records, self.val_records = self._load()
+            check_val_sets(self.cfg.val_sets, self.val_benchmarks())
+
+    def val_benchmarks(self) -> list[str]:
+        """The validation benchmarks, in order of first appearance in the validation records."""
+        return benchmark_names(self.val_records or [])
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -204,24 +172,26 @@ class PromptDataModule(L.LightningDataModule):
             )
 
     def _load(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        """Training and validation records; every validation record names its benchmark (``benchmarks``)."""
         cfg = self.cfg
-        if cfg.task is not None:
-            common = dict(style=cfg.prompt_style, seed=cfg.seed, val_size=cfg.val_size, **cfg.task_kwargs)
-            return (
-                build_records(cfg.task, "train", cfg.train_size, **common),
-                build_records(cfg.task, "val", 0, **common),
-            )
         kwargs = dict(
             default_verifier=cfg.default_verifier,
             user_verifiers=cfg.allowed_user_verifiers(),
             columns=cfg.columns,
         )
+        if cfg.task is not None:
+            common = dict(
+                style=cfg.prompt_style, seed=cfg.seed, val_size=cfg.val_size, source=cfg.source, **cfg.task_kwargs
+            )
+            train = build_records(cfg.task, "train", cfg.train_size, **common)
+            if cfg.val_files:
+                return train, self._val_files(kwargs)
+            return train, with_benchmark(build_records(cfg.task, "val", 0, **common), cfg.task)
         train = self._merge(
             [load_records(p, split=cfg.train_split, **kwargs) for p in cfg.train_files], cfg.train_files
         )
         if cfg.val_files:
-            val = self._merge([load_records(p, split=cfg.val_split, **kwargs) for p in cfg.val_files], cfg.val_files)
-            return train, val
+            return train, self._val_files(kwargs)
         if cfg.val_size == 0:
             return train, []
         if cfg.val_size >= len(train):
@@ -230,7 +200,14 @@ class PromptDataModule(L.LightningDataModule):
                 "lower it, give data.val_files, or set data.val_size=0"
             )
         held = set(random.Random(f"holdout/{cfg.seed}").sample(range(len(train)), cfg.val_size))
-        return [r for i, r in enumerate(train) if i not in held], [r for i, r in enumerate(train) if i in held]
+        val = with_benchmark([r for i, r in enumerate(train) if i in held], "heldout")
+        return [r for i, r in enumerate(train) if i not in held], val
+
+    def _val_files(self, kwargs: dict) -> list[PromptRecord]:
+        """The records of ``data.val_files``, each file a benchmark named by its stem unless records name theirs."""
+        files = self.cfg.val_files
+        parts = [with_benchmark(load_records(p, split=self.cfg.val_split, **kwargs), Path(p).stem) for p in files]
+        return self._merge(parts, files)
 
     @staticmethod
     def _merge(parts: list[list[PromptRecord]], sources: list[str]) -> list[PromptRecord]:

@@ -6,7 +6,7 @@ per-epoch validation telemetry. Plotting of logged runs lives in ``stare_lightni
 imported here, to keep matplotlib and pandas out of training imports).
 """
 
-from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, PassAtK
+from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, MajorityAtN, PassAtK
 from stare_lightning.metrics.base import TelemetryMetric
 from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, TokenEntropy
 from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANT_DEFINITIONS, QUADRANTS
@@ -33,6 +33,7 @@ __all__ = [
     "FracZeroStdGroups",
     "GateRate",
     "GradNorm",
+    "MajorityAtN",
     "PassAtK",
     "QUADRANTS",
     "QUADRANT_DEFINITIONS",

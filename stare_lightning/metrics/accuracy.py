@@ -1,4 +1,4 @@
-"""Accuracy over n samples per prompt: avg@n, unbiased pass@k, and distinct correct responses.
+"""Accuracy over n samples per prompt: avg@n, unbiased pass@k, maj@n, and distinct correct responses.
 
 avg@n and pass@k follow docs/method.md (section 5); pass@k is computed in the product form of the
 unbiased estimator. Distinct correct responses go beyond the paper (a diversity check): texts are reduced
@@ -70,6 +70,27 @@ class PassAtK(TelemetryMetric):
 
     def compute(self) -> dict[str, Tensor]:
         return _pass_at_k_compute(self.totals, self.num_prompts, self.ks)
+
+
+class MajorityAtN(TelemetryMetric):
+    """Share of prompts whose majority vote over their n samples is correct: ``{"maj@n": ...}``.
+
+    ``update(correct [P] bool)``, one flag per prompt (``rewards.majority.majority_correct``).
+    """
+
+    higher_is_better = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sum_state("total")
+        self._sum_state("num_prompts", dtype=torch.int64)
+
+    def update(self, correct: Tensor) -> None:
+        total, num_prompts = _avg_at_n_update(1, correct.reshape(-1).float())
+        self._accumulate(total=total, num_prompts=num_prompts)
+
+    def compute(self) -> dict[str, Tensor]:
+        return {"maj@n": _avg_at_n_compute(self.total, self.num_prompts)["avg@n"]}
 
 
 class DistinctCorrect(TelemetryMetric):

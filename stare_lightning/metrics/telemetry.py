@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, PassAtK
+from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, MajorityAtN, PassAtK
 from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, TokenEntropy
 from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANTS
 from stare_lightning.metrics.step_stats import (
@@ -138,42 +138,111 @@ class TrainTelemetry(nn.Module):
         return {f"train/{k}": v for k, v in out.items()}
 
 
-class ValidationTelemetry(nn.Module):
-    """The ``val/`` metrics, accumulated over the validation batches of an epoch."""
+class BenchmarkMetrics(nn.Module):
+    """One validation benchmark's metrics, keyed the way the paper reports them: ``avg@<n>``, ``pass@<k>``
+    for every k <= n of ``validation.pass_k``, ``maj@<n>``, ``response_length/mean``, ``truncated_frac``."""
 
-    def __init__(self, pass_k: Sequence[int], reflection_words: Sequence[str] | None = None) -> None:
+    def __init__(self, n: int, pass_k: Sequence[int]) -> None:
         super().__init__()
+        self.n = n
         self.avg = AvgAtN()
-        self.pass_at = PassAtK(k=list(pass_k))
+        self.pass_at = PassAtK(k=[k for k in pass_k if k <= n] or [1])
+        self.majority = MajorityAtN()
+        self.lengths = ResponseLength()
+        self.truncated = TruncatedFraction()
+
+    def update(self, num_correct: Tensor, majority: Tensor, lengths: Tensor, truncated: Tensor) -> None:
+        self.avg.update(num_correct, self.n)
+        self.pass_at.update(num_correct, self.n)
+        self.majority.update(majority)
+        self.lengths.update(lengths)
+        self.truncated.update(truncated)
+
+    def compute(self) -> dict[str, float]:
+        lengths = self.lengths.compute()
+        return {
+            f"avg@{self.n}": float(self.avg.compute()["avg@n"]),
+            **{key: float(value) for key, value in self.pass_at.compute().items()},
+            f"maj@{self.n}": float(self.majority.compute()["maj@n"]),
+            "response_length/mean": float(lengths["response_length/mean"]),
+            "truncated_frac": float(self.truncated.compute()["response_length/truncated_frac"]),
+        }
+
+    def reset(self) -> None:
+        for metric in (self.avg, self.pass_at, self.majority, self.lengths, self.truncated):
+            metric.reset()
+
+
+class ValidationTelemetry(nn.Module):
+    """The ``val/`` metrics, accumulated over the validation batches of an epoch.
+
+    Pooled over every benchmark: ``avg@n``, ``pass@<k>`` (k up to the smallest n), ``distinct_correct``,
+    reflection words and response lengths. Per benchmark (``benchmarks``: name -> samples per prompt):
+    ``val/<name>/...`` from ``BenchmarkMetrics``, and ``val/avg``, the mean of the benchmarks' avg@n (the
+    paper's "Avg" column).
+    """
+
+    def __init__(
+        self,
+        pass_k: Sequence[int],
+        reflection_words: Sequence[str] | None = None,
+        benchmarks: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.benchmarks = dict(benchmarks or {})
+        smallest_n = min(self.benchmarks.values(), default=max(pass_k))
+        self.avg = AvgAtN()
+        self.pass_at = PassAtK(k=[k for k in pass_k if k <= smallest_n] or [1])
         self.distinct = DistinctCorrect()
         self.reflection = ReflectionWords(reflection_words or DEFAULT_REFLECTION_WORDS)
         self.lengths = ResponseLength()
         self.truncated = TruncatedFraction()
+        # ModuleDict keys may not contain dots; benchmark names (file stems) may.
+        self.per_benchmark = nn.ModuleDict(
+            {_module_key(name): BenchmarkMetrics(n, pass_k) for name, n in self.benchmarks.items()}
+        )
 
     def _metrics(self) -> tuple:
         return (self.avg, self.pass_at, self.distinct, self.reflection, self.lengths, self.truncated)
 
-    def update(self, rollouts, scores: Sequence[float]) -> None:
-        """One batch of ``rollouts`` (``n`` samples per prompt) and the verifier's score of each sample."""
+    def update(self, rollouts, scores: Sequence[float], benchmark: str | None = None, majority=None) -> None:
+        """One batch of ``rollouts`` (``n`` samples per prompt), the verifier's score of each sample, the
+        benchmark the batch belongs to and, per prompt, whether its majority vote is correct."""
         n = rollouts.n
         correct = torch.tensor(list(scores), dtype=torch.float32).view(-1, n) > 0.5
         num_correct = correct.sum(-1)
+        lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32)
+        truncated = torch.tensor([reason == "length" for reason in rollouts.finish_reasons])
         self.avg.update(num_correct, n)
         self.pass_at.update(num_correct, n)
         self.distinct.update(_grouped(rollouts.texts, n), correct)
         self.reflection.update(rollouts.texts)
-        self.lengths.update(torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32))
-        self.truncated.update(torch.tensor([reason == "length" for reason in rollouts.finish_reasons]))
+        self.lengths.update(lengths)
+        self.truncated.update(truncated)
+        if benchmark is not None and _module_key(benchmark) in self.per_benchmark:
+            votes = torch.zeros(len(num_correct), dtype=torch.bool) if majority is None else torch.tensor(majority)
+            self.per_benchmark[_module_key(benchmark)].update(num_correct, votes, lengths, truncated)
 
     def compute(self) -> dict[str, float]:
         out = {}
         for metric in self._metrics():
             out.update({f"val/{k}": float(v) for k, v in metric.compute().items()})
+        for name in self.benchmarks:
+            values = self.per_benchmark[_module_key(name)].compute()
+            out.update({f"val/{name}/{key}": value for key, value in values.items()})
+        if self.benchmarks:
+            out["val/avg"] = sum(out[f"val/{name}/avg@{n}"] for name, n in self.benchmarks.items()) / len(
+                self.benchmarks
+            )
         return out
 
     def reset(self) -> None:
-        for metric in self._metrics():
+        for metric in (*self._metrics(), *self.per_benchmark.values()):
             metric.reset()
+
+
+def _module_key(name: str) -> str:
+    return name.replace(".", "_")
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -24,6 +24,7 @@ _BUILTINS: dict[str, str] = {
     "exact": "stare_lightning.rewards.basic:verify_exact",
     "math": "stare_lightning.rewards.math_answer:verify_math",
     "numeric": "stare_lightning.rewards.basic:verify_numeric",
+    "reasoning_gym": "stare_lightning.rewards.reasoning_gym:verify_reasoning_gym",  # needs the reasoning-gym extra
 }
 _USER_NAME = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")
 _cache: dict[str, Verifier] = {}

@@ -54,8 +54,18 @@ class RolloutConfig:
             top_k=self.top_k,
         )
 
-    def validation_sampling(self) -> SamplingParams:
-        """How validation samples are drawn: ``val_n`` per prompt at ``val_temperature`` and ``val_top_p``."""
+    def validation_sampling(
+        self,
+        n: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+    ) -> SamplingParams:
+        """How validation samples are drawn: ``val_n`` per prompt at ``val_temperature`` and ``val_top_p``, each
+        replaced by the argument of the same meaning when one is given (a benchmark's own settings)."""
         return SamplingParams(
-            n=self.val_n, max_new_tokens=self.max_new_tokens, temperature=self.val_temperature, top_p=self.val_top_p
+            n=self.val_n if n is None else n,
+            max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            temperature=self.val_temperature if temperature is None else temperature,
+            top_p=self.val_top_p if top_p is None else top_p,
         )

@@ -47,3 +47,37 @@ def build_engine(
         enable_sleep_mode=cfg.enable_sleep_mode,
         seed=seed,
     )
+
+
+class SyncedEngine:
+    """The rollout engine of a training run: built on first use, given the policy's weights whenever they
+    changed (``mark_stale`` after each optimizer step, then ``get`` syncs), closed at the end of the run."""
+
+    def __init__(self, cfg: RolloutConfig, tokenizer, model_dir: str, *, seed: int) -> None:
+        self.cfg, self.tokenizer, self.model_dir, self.seed = cfg, tokenizer, model_dir, seed
+        self.engine = None
+        self.stale = True
+
+    def get(self, policy: torch.nn.Module, compute_dtype: torch.dtype | None = None):
+        """The engine holding ``policy``'s current weights (``compute_dtype`` applies when it is built)."""
+        # Validation runs under inference mode; an engine built or synced there would hold inference tensors
+        # that a later sync during training may not update in place.
+        with torch.inference_mode(False):
+            if self.engine is None:
+                self.engine = build_engine(
+                    self.cfg, policy, self.tokenizer, self.model_dir, seed=self.seed, compute_dtype=compute_dtype
+                )
+                self.stale = getattr(self.engine, "holds_weight_copy", True)
+            if self.stale:
+                self.engine.sync_weights(policy)
+                self.stale = False
+        return self.engine
+
+    def mark_stale(self) -> None:
+        self.stale = True
+
+    def close(self) -> None:
+        """Free the engine (a sweep can then start the next run's engine in this process)."""
+        if self.engine is not None:
+            self.engine.close()
+        self.engine, self.stale = None, True

@@ -1,7 +1,8 @@
-"""Built-in offline tasks (countdown, arithmetic) and the supervised cold-start pairs built from them.
+"""Built-in offline tasks (countdown, arithmetic), reasoning-gym generators, and the supervised cold-start pairs.
 
-``build_records(task, split, size, style=..., seed=..., val_size=..., **task_kwargs)`` returns
-deterministic :class:`PromptRecord` lists; ``sft_examples(records)`` turns plain-style records into
+``build_records(task, split, size, style=..., seed=..., val_size=..., source=..., **task_kwargs)`` returns
+deterministic :class:`PromptRecord` lists (``source="reasoning_gym"``: ``task`` names a reasoning-gym
+generator or ``mixture``, see :mod:`.reasoning_gym`); ``sft_examples(records)`` turns plain-style records into
 ``(prompt_text, completion_text)`` pairs, where the completion is the record's ``metadata["solution"]``
 (countdown: one correct expression; arithmetic: the value) and the caller appends the EOS token.
 """
@@ -13,9 +14,10 @@ from dataclasses import fields
 from typing import Any
 
 from ..records import PromptRecord
-from . import arithmetic, countdown
+from . import arithmetic, countdown, reasoning_gym
 
 STYLES = ("plain", "instruct")
+SOURCES = ("builtin", "reasoning_gym")  # what data.task names
 _TASKS = {
     "countdown": (countdown.CountdownParams, countdown.make_records),
     "arithmetic": (arithmetic.ArithmeticParams, arithmetic.make_records),
@@ -48,20 +50,25 @@ def build_records(
     style: str = "plain",
     seed: int = 1234,
     val_size: int = 64,
+    source: str = "builtin",
     **task_kwargs: Any,
 ) -> list[PromptRecord]:
-    """Records of a built-in task. ``split`` is "train" (``size`` records) or "val" (``val_size`` records).
+    """Records of a task of ``source``. ``split`` is "train" (``size`` records) or "val" (``val_size`` records).
 
     The validation split depends only on (task, settings, seed, val_size); the training split never
     contains a validation problem.
     """
-    params = task_params(task, task_kwargs)
+    if source not in SOURCES:
+        raise ValueError(f"data.source must be one of {list(SOURCES)}, got {source!r}")
+    params = task_params(task, task_kwargs) if source == "builtin" else reasoning_gym.parse_source(task, task_kwargs)
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if style not in STYLES:
         raise ValueError(f"data.prompt_style must be one of {list(STYLES)}, got {style!r}")
     if type(size) is not int or size < 0 or type(val_size) is not int or val_size < 0:
         raise ValueError(f"size and val_size must be non-negative ints, got {size!r}, {val_size!r}")
+    if source == "reasoning_gym":
+        return reasoning_gym.make_records(params, split, size, style=style, seed=seed, val_size=val_size)
     return _TASKS[task][1](split, size, style=style, seed=seed, val_size=val_size, params=params)
 
 
@@ -81,4 +88,4 @@ def sft_examples(records: Iterable[PromptRecord]) -> list[tuple[str, str]]:
     return pairs
 
 
-__all__ = ["STYLES", "build_records", "sft_examples", "task_names", "task_params"]
+__all__ = ["SOURCES", "STYLES", "build_records", "sft_examples", "task_names", "task_params"]
