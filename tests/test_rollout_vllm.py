@@ -230,6 +230,98 @@ def test_bf16_engine_follows_an_fp32_trainer(tiny_dir, tokenizer, policy):
     assert diffs.max() > 1e-4, "identical to fp32: the engine did not run in bf16"
 
 
+def _long_prompts(tokenizer, count: int) -> list[list[int]]:
+    return [tokenizer.encode(f"prompt number {i}: " + "abcdefghij" * 6) for i in range(count)]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_a_batch_over_one_prefill_step_keeps_its_seeded_samples(engine, tiny_dir, tokenizer, policy):
+    """Reported crash: 8 prompts x 8 samples x ~80 tokens exceed one step's token budget (4096 on CPU), vLLM's
+    chunked prefill splits a seeded prompt and rewinds its CPU generator ("CPU Generator does not use offset").
+    With the CPU default (chunked prefill off) the batch takes several prefill steps and each prompt gets the
+    samples it gets in a batch that fits one step."""
+    from stare_lightning.rollout.config import RolloutConfig
+    from stare_lightning.rollout.factory import build_engine
+
+    if not engine.on_cpu:
+        pytest.skip("CPU defaults under test; on GPU vLLM's chunked prefill rewinds CUDA generators")
+    prompts, seeds = _long_prompts(tokenizer, 8), [1000 * i + 7 for i in range(8)]
+    params = SamplingParams(n=8, max_new_tokens=4)
+    scheduler = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert scheduler.enable_chunked_prefill is False
+    assert sum(map(len, prompts)) * params.n > scheduler.max_num_batched_tokens > 2 * len(prompts[0]) * params.n
+    crowded = engine.generate(prompts, params, seeds=seeds)
+    pairs = [engine.generate(prompts[i : i + 2], params, seeds=seeds[i : i + 2]) for i in range(0, 8, 2)]
+    assert crowded.response_ids == [ids for pair in pairs for ids in pair.response_ids]
+
+    # The old settings (vLLM's default, chunked prefill on) through rollout.engine_kwargs: the batch that fits
+    # one step samples the same; the large one crashes.
+    cfg = RolloutConfig(
+        backend="vllm",
+        engine_kwargs={"enable_chunked_prefill": True, "max_model_len": 256, "kv_cache_memory_bytes": 64 << 20},
+    )
+    old = build_engine(cfg, policy, tokenizer, str(tiny_dir))
+    try:
+        assert old.generate(prompts[:2], params, seeds=seeds[:2]).response_ids == pairs[0].response_ids
+        with pytest.raises(RuntimeError, match="CPU Generator does not use offset") as info:
+            old.generate(prompts, params, seeds=seeds)
+        assert "rollout.engine_kwargs" in str(info.value)
+    finally:
+        old.close()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_engine_kwargs_are_checked_against_vllm_before_the_engine_starts(tiny_dir, tokenizer):
+    _require_usable_vllm()
+    from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
+    from stare_lightning.rollout.factory import build_engine
+
+    check_engine_kwargs({"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 128})
+    with pytest.raises(ValueError) as info:  # no policy and no model: it fails before either is needed
+        build_engine(RolloutConfig(engine_kwargs={"max_num_batched_token": 512}), None, tokenizer, str(tiny_dir))
+    message = str(info.value)
+    assert message.startswith("rollout.engine_kwargs.max_num_batched_token is not allowed")
+    assert "did you mean max_num_batched_tokens" in message and "allowed keys include" in message
+    with pytest.raises(ValueError, match=r"rollout\.engine_kwargs\.seed .*use seed"):
+        check_engine_kwargs({"seed": 3})
+
+
+@pytest.mark.parametrize(
+    "key,instead",
+    [
+        ("model", "model.name_or_path"),
+        ("tokenizer", "model.name_or_path"),
+        ("dtype", "trainer.precision"),
+        ("seed", "use seed"),
+        ("enable_sleep_mode", "rollout.enable_sleep_mode"),
+        ("tensor_parallel_size", "rollout.tensor_parallel_size"),
+        ("logprobs_mode", "processed_logprobs"),
+    ],
+)
+def test_engine_kwargs_refuse_what_the_project_sets(key, instead):
+    from stare_lightning.rollout.config import RolloutConfig
+
+    with pytest.raises(ValueError, match=rf"rollout\.engine_kwargs\.{key} is not allowed: the project sets it") as info:
+        RolloutConfig(engine_kwargs={key: 1})
+    assert instead in str(info.value)
+
+
+def test_engine_kwargs_must_be_a_mapping_and_are_refused_with_hf(tmp_path):
+    from stare_lightning.cli import compose, prepare_config
+    from stare_lightning.rollout.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="rollout.engine_kwargs=.* must be a mapping"):
+        RolloutConfig(engine_kwargs=["max_num_seqs"])
+    with pytest.raises(ValueError, match="not allowed with rollout.backend=hf: .* would do nothing"):
+        RolloutConfig(backend="hf", engine_kwargs={"max_num_seqs": 8})
+    assert RolloutConfig(backend="hf").engine_kwargs == {}
+    _, run = prepare_config(compose([f"output_dir={tmp_path}", "+rollout.engine_kwargs.max_num_seqs=64"]))
+    assert run.rollout.engine_kwargs == {"max_num_seqs": 64} and type(run.rollout.engine_kwargs) is dict
+
+
 def _sharded_worker(rank: int, world: int, tiny_dir: str):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard

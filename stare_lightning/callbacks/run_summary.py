@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import lightning
@@ -10,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from stare_lightning.metrics.functional import QUADRANTS
 
+_BENCHMARK_KEY = re.compile(r"val/[^/]+/(avg|maj)@\d+")
 VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/response_length/mean")
 TRAIN_KEYS = ("train/entropy", "train/reward/mean", "train/distinct_correct", "train/stare/gate_on", "train/stare/w")
 
@@ -40,7 +42,9 @@ class RunSummary(Callback):
         """(metric, at start, at end) rows of the table."""
         rows = []
         first, last = (self.validations[0], self.validations[-1]) if self.validations else ({}, {})
-        for key in VAL_KEYS:
+        # Per-benchmark accuracy (val/<benchmark>/avg@<n>, maj@<n>) and their mean over benchmarks (val/avg).
+        benchmarks = sorted(k for k in {*first, *last} if _BENCHMARK_KEY.fullmatch(k))
+        for key in (*VAL_KEYS, *benchmarks, "val/avg"):
             if key in first or key in last:
                 rows.append((key, _fmt(first.get(key)), _fmt(last.get(key))))
         head, tail = self.train_history[:10], self.train_history[-10:]

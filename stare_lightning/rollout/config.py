@@ -1,16 +1,48 @@
 """``RolloutConfig``: the typed ``rollout`` config group (sampling and the engine), checked in ``__post_init__``.
 
 ``SamplingParams`` (rollout/base.py) is built from a validated ``RolloutConfig`` and repeats none of its checks.
+
+``engine_kwargs`` go to ``vllm.LLM`` as they are. ``__post_init__`` refuses what it can tell without vLLM (not a
+mapping, a key the project sets itself, any key with ``backend: hf``); ``check_engine_kwargs`` checks the keys
+against the installed vLLM and runs where the engine is built (rollout/factory.py), never at config time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from stare_lightning.config.checks import choice, flag, number
 from stare_lightning.rollout.base import SamplingParams
 
 BACKENDS = ("auto", "vllm", "hf")
+# vllm.LLM arguments the project sets itself, and where each comes from.
+ENGINE_OWNED_KEYS = {
+    "model": "use model.name_or_path",
+    "tokenizer": "the tokenizer is the model's: use model.name_or_path",
+    "dtype": "the engine computes in the trainer's dtype: use trainer.precision or model.dtype",
+    "seed": "use seed (the engine's seed follows the run's)",
+    "enable_sleep_mode": "use rollout.enable_sleep_mode",
+    "gpu_memory_utilization": "use rollout.gpu_memory_utilization",
+    "tensor_parallel_size": "use rollout.tensor_parallel_size",
+    "logprobs_mode": "the engine needs processed_logprobs (its log-probs must be the trainer's)",
+    "distributed_executor_backend": "the engine sets it (external_launcher under several trainer ranks)",
+    "skip_tokenizer_init": "the engine needs its tokenizer to return response texts",
+}
+# Shown when a key is unknown (those the installed vLLM has).
+COMMON_ENGINE_KEYS = (
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_memory_bytes",
+    "enable_prefix_caching",
+    "enforce_eager",
+)
 
 
 @dataclass
@@ -29,6 +61,7 @@ class RolloutConfig:
     enable_sleep_mode: bool = False
     canary_threshold: float = 0.05
     canary_patience: int = 3
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more vllm.LLM arguments, e.g. max_num_seqs
 
     def __post_init__(self) -> None:
         p = "rollout."
@@ -43,6 +76,7 @@ class RolloutConfig:
         for key in ("top_p", "val_top_p", "gpu_memory_utilization"):
             number(f"{p}{key}", getattr(self, key), low=0.0, high=1.0, low_open=True)
         flag(f"{p}enable_sleep_mode", self.enable_sleep_mode)
+        self.engine_kwargs = _checked_engine_kwargs(self.engine_kwargs, self.backend)
 
     def training_sampling(self) -> SamplingParams:
         """How training rollouts are sampled: ``n`` per prompt at ``temperature``, ``top_p``, ``top_k``."""
@@ -69,3 +103,72 @@ class RolloutConfig:
             temperature=self.val_temperature if temperature is None else temperature,
             top_p=self.val_top_p if top_p is None else top_p,
         )
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (and any other mapping or list) as plain dicts and lists, all the way down."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):  # ListConfig is a Sequence
+        return [_plain(v) for v in value]
+    return value
+
+
+def _checked_engine_kwargs(value: Any, backend: str) -> dict[str, Any]:
+    """``rollout.engine_kwargs`` as a plain dict, after the checks that need no vLLM."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"rollout.engine_kwargs={value!r} is not allowed: must be a mapping of vllm.LLM arguments")
+    kwargs = _plain(value)
+    refuse_owned_engine_keys(kwargs)
+    if kwargs and backend == "hf":
+        raise ValueError(
+            f"rollout.engine_kwargs={kwargs} is not allowed with rollout.backend=hf: these settings go to the vLLM "
+            "engine, which the HF backend does not use, so they would do nothing; remove them or use rollout=vllm"
+        )
+    return kwargs
+
+
+def refuse_owned_engine_keys(engine_kwargs: Mapping[str, Any]) -> None:
+    """Refuse keys that are not argument names or that the project sets itself (naming the setting to use)."""
+    for key in engine_kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"rollout.engine_kwargs.{key} is not allowed: keys are vllm.LLM argument names")
+        if key in ENGINE_OWNED_KEYS:
+            raise ValueError(
+                f"rollout.engine_kwargs.{key} is not allowed: the project sets it; {ENGINE_OWNED_KEYS[key]}"
+            )
+
+
+def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
+    """Refuse keys the installed ``vllm.LLM`` does not take. Imports vLLM: the engine factory calls it, before
+    building the engine (config validation stays light)."""
+    refuse_owned_engine_keys(engine_kwargs)
+    # Imported first: it keeps vLLM in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) before vLLM is imported.
+    from stare_lightning.rollout.vllm import vllm_import_error
+
+    if not engine_kwargs or vllm_import_error() is not None:
+        return  # without vLLM, building the engine fails anyway, saying how to install it
+    import vllm
+
+    allowed = vllm_engine_keys()
+    for key in engine_kwargs:
+        if key in allowed:
+            continue
+        near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.75)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        common = ", ".join(k for k in COMMON_ENGINE_KEYS if k in allowed)
+        raise ValueError(
+            f"rollout.engine_kwargs.{key} is not allowed: vllm.LLM (vLLM {vllm.__version__}) has no such argument; "
+            f"{hint}allowed keys include {common}, ... (all the fields of vllm.engine.arg_utils.EngineArgs)"
+        )
+
+
+def vllm_engine_keys() -> set[str]:
+    """The keyword arguments ``vllm.LLM`` takes: its named parameters and the fields of ``EngineArgs`` (its
+    ``**kwargs`` go there)."""
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    params = inspect.signature(LLM.__init__).parameters.values()
+    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+    return named | {f.name for f in dataclasses.fields(EngineArgs)}

