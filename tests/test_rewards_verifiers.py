@@ -184,7 +184,7 @@ def test_unknown_verifier_lists_the_known_ones():
     assert "mathh" in message
     for name in ("countdown", "exact", "math", "numeric"):
         assert name in message
-    assert known_verifiers() == ["countdown", "exact", "math", "numeric"]
+    assert known_verifiers() == ["countdown", "exact", "math", "numeric", "reasoning_gym"]
 
 
 def test_user_verifier_by_name(tmp_path, monkeypatch):

@@ -61,9 +61,13 @@ class RunConfig:
     def __post_init__(self) -> None:
         number("seed", self.seed, low=0, integer=True)
         flag("summary", self.summary)
-        k_max = max(self.validation.pass_k)
-        if k_max > self.rollout.val_n:
-            raise ValueError(f"validation.pass_k={self.validation.pass_k} has k > rollout.val_n={self.rollout.val_n}")
+        # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
+        largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
+        if max(self.validation.pass_k) > largest_n:
+            raise ValueError(
+                f"validation.pass_k={self.validation.pass_k} has k > every benchmark's samples per problem "
+                f"(rollout.val_n={self.rollout.val_n}, data.val_sets n up to {largest_n})"
+            )
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -4,10 +4,10 @@
 stare_lightning.data.tasks.reasoning_gym`` lists them all) and ``data.task_kwargs`` holds its own settings,
 checked against its config class (``seed`` and ``size`` are ours to set). ``data.task=mixture`` draws
 from several generators through reasoning-gym's composite dataset, each entry from one member chosen with
-probability proportional to its weight::
+probability proportional to its weight (on the command line ``data.task_kwargs`` takes a leading ``+``)::
 
-    data.task_kwargs={datasets: {chain_sum: 2, leg_counting: 1}}
-    data.task_kwargs={datasets: {chain_sum: {weight: 2, config: {max_terms: 3}}, leg_counting: 1}}
+    data.task=mixture +data.task_kwargs={datasets: {chain_sum: 2, leg_counting: 1}}
+    data.task=mixture +data.task_kwargs={datasets: {chain_sum: {weight: 2, config: {max_terms: 3}}, leg_counting: 1}}
 
 ``data.task_kwargs.compact: true`` (our key, not the generator's) renders only the arithmetic expression,
 ``"4-1-7="``, for the generators in ``COMPACT_GENERATORS`` (spaces removed), a prompt the built-in tiny
