@@ -115,7 +115,10 @@ def data_config(**overrides):
         ({"task": None}, r"data.source=reasoning_gym needs data.task"),
         ({"source": "gym"}, r"data.source='gym' is not allowed: choose one of \['builtin', 'reasoning_gym'\]"),
         ({"source": "builtin"}, r"data.task='chain_sum' is not allowed.*use data=reasoning_gym"),
-        ({"task_kwargs": {"max_term": 3}}, r"data.task_kwargs: unknown keys \['max_term'\] for reasoning-gym.*min_terms"),
+        (
+            {"task_kwargs": {"max_term": 3}},
+            r"data.task_kwargs: unknown keys \['max_term'\] for reasoning-gym.*min_terms",
+        ),
         ({"task_kwargs": {"seed": 3}}, r"data.task_kwargs: \['seed'\] cannot be set.*data.seed"),
         ({"task_kwargs": {"min_terms": 0}}, r"data.task_kwargs: reasoning-gym generator 'chain_sum' refuses.*positive"),
         ({"task_kwargs": {"compact": "yes"}}, r"data.task_kwargs.compact='yes' is not allowed: must be true or false"),
@@ -194,7 +197,7 @@ def test_the_verifier_agrees_with_score_answer_in_and_out_of_the_pool():
     assert result.scores == expected and result.timeouts == result.errors == 0
 
 
-SLOW_MODULE = '''
+SLOW_MODULE = """
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -229,7 +232,7 @@ if "slow_test" not in DATASETS:
 
 def verify(response, answer, metadata):
     return verify_reasoning_gym(response, answer, metadata)
-'''
+"""
 
 
 def test_a_slow_scorer_times_out_cleanly_in_the_pool(tmp_path, monkeypatch):
