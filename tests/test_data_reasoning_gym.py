@@ -111,7 +111,7 @@ def data_config(**overrides):
     "overrides, message",
     [
         ({"task": "chain_sums"}, r"data.task='chain_sums' is not a reasoning-gym generator; did you mean chain_sum"),
-        ({"task": "nope"}, r"python -m stare_lightning.data.tasks.reasoning_gym lists them all"),
+        ({"task": "nope"}, r"all of them: python -c .*generator_names"),
         ({"task": None}, r"data.source=reasoning_gym needs data.task"),
         ({"source": "gym"}, r"data.source='gym' is not allowed: choose one of \['builtin', 'reasoning_gym'\]"),
         ({"source": "builtin"}, r"data.task='chain_sum' is not allowed.*use data=reasoning_gym"),

@@ -1,10 +1,10 @@
 """reasoning-gym generators as a record source (``data=reasoning_gym``), offline, scored by verifier ``reasoning_gym``.
 
-``data.task`` names a generator (``basic_arithmetic``, ``chain_sum``, ...; ``python -m
-stare_lightning.data.tasks.reasoning_gym`` lists them all) and ``data.task_kwargs`` holds its own settings,
-checked against its config class (``seed`` and ``size`` are ours to set). ``data.task=mixture`` draws
-from several generators through reasoning-gym's composite dataset, each entry from one member chosen with
-probability proportional to its weight (on the command line ``data.task_kwargs`` takes a leading ``+``)::
+``data.task`` names a generator (``basic_arithmetic``, ``chain_sum``, ...; ``generator_names()`` lists them
+all) and ``data.task_kwargs`` holds its own settings, checked against its config class (``seed`` and ``size``
+are ours to set). ``data.task=mixture`` draws from several generators through reasoning-gym's composite
+dataset, each entry from one member chosen with probability proportional to its weight (on the command line
+``data.task_kwargs`` takes a leading ``+``)::
 
     data.task=mixture +data.task_kwargs={datasets: {chain_sum: 2, leg_counting: 1}}
     data.task=mixture +data.task_kwargs={datasets: {chain_sum: {weight: 2, config: {max_terms: 3}}, leg_counting: 1}}
@@ -49,7 +49,9 @@ MIXTURE = "mixture"
 COMPACT_GENERATORS = ("basic_arithmetic", "chain_sum", "decimal_chain_sum", "products")
 _OURS = ("seed", "size")
 _EXAMPLES = ("basic_arithmetic", "chain_sum", "products", "leg_counting", "gcd", "spell_backward")
-_LIST_HINT = "python -m stare_lightning.data.tasks.reasoning_gym lists them all"
+_LIST_HINT = (
+    'all of them: python -c "from stare_lightning.data.tasks.reasoning_gym import generator_names as g; print(*g())"'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +328,3 @@ def make_records(
     records = [_record(source, split, i, d, style, seeds) for i, d in enumerate(drawn)]
     _check_roundtrip(dataset, drawn, records)
     return records
-
-
-if __name__ == "__main__":
-    print("\n".join(generator_names()))
