@@ -233,3 +233,52 @@ def test_prompt_record_checks_itself():
         PromptRecord("x", None, None, "1", "exact", {})
     with pytest.raises(ValueError, match="exactly one"):
         PromptRecord("x", "p", [{"role": "user", "content": "p"}], "1", "exact", {})
+
+
+def verl_rows():
+    """Rows in exactly the layout of verl's RL parquet files (and the STARE reference code's)."""
+    return [
+        {
+            "data_source": source,
+            "prompt": [{"role": "user", "content": f"What is {a}+{b}? Put the answer in \\boxed{{}}."}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": "test", "index": i},
+        }
+        for i, (source, a, b) in enumerate([("aime24", 1, 2), ("aime24", 3, 4), ("amc23", 5, 6)])
+    ]
+
+
+def test_verl_parquet_is_read_as_it_is(tmp_path):
+    path = write_parquet(tmp_path / "verl.parquet", verl_rows())
+    records = load_records(path, default_verifier="math")
+    assert [r.answer for r in records] == ["3", "7", "11"]
+    assert records[0].prompt is None and records[0].messages[0]["content"].startswith("What is 1+2?")
+    assert [r.metadata["data_source"] for r in records] == ["aime24", "aime24", "amc23"]
+    assert records[2].metadata["extra_info"] == {"split": "test", "index": 2}
+    # The explicit mapping of the same layout gives the same records: the mapped `prompt` column is read
+    # only as `messages`, never also as the schema's `prompt`.
+    mapped = load_records(
+        path, default_verifier="math", columns={"messages": "prompt", "answer": "reward_model.ground_truth"}
+    )
+    assert mapped == records
+
+
+def test_verl_parquet_names_the_benchmarks_of_a_val_file(tmp_path):
+    from stare_lightning.data.benchmarks import benchmark_names, with_benchmark
+
+    path = write_parquet(tmp_path / "mixed.parquet", verl_rows())
+    records = with_benchmark(load_records(path, default_verifier="math"), "mixed")
+    assert benchmark_names(records) == ["aime24", "amc23"]
+
+
+def test_columns_compose_from_a_plain_override(tmp_path):
+    from stare_lightning.cli import compose
+    from stare_lightning.config.schema import to_run_config
+
+    path = write_parquet(tmp_path / "verl.parquet", verl_rows())
+    mapping = "data.columns={messages: prompt, answer: reward_model.ground_truth}"
+    cfg = compose(["data=files", f"data.train_files=[{path}]", mapping])
+    columns = to_run_config(cfg).data.columns
+    assert [len(load_records(path, default_verifier="math", columns=columns))] == [3]
+    assert {k: v for k, v in columns.items() if v} == {"messages": "prompt", "answer": "reward_model.ground_truth"}

@@ -86,13 +86,14 @@ def test_load_run_merges_sparse_rows_and_names_runs(tmp_path):
     assert sorted(runs) == ["grpo/version_0", "stare-o1"]
 
 
-def execute_notebook(run_dirs: list[Path], figures: Path):
-    """Run the notebook on ``run_dirs`` (its kernel inherits this process's environment); returns it executed."""
+def execute_notebook(run_dirs: list[Path] | None, figures: Path):
+    """Run the notebook on ``run_dirs`` (None: its committed data; the kernel inherits this process's
+    environment); returns it executed."""
     import nbformat
     from nbclient import NotebookClient
 
     env = {
-        "STARE_RUN_DIRS": os.pathsep.join(str(r) for r in run_dirs),
+        "STARE_RUN_DIRS": os.pathsep.join(str(r) for r in run_dirs or []),
         "STARE_FIGURE_DIR": str(figures),
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "MPLBACKEND": "Agg",
@@ -125,5 +126,30 @@ def test_notebook_runs_on_two_fake_runs_and_writes_pngs(tmp_path):
     pngs = sorted(p.name for p in figures.glob("*.png"))
     assert pngs == ["overview.png", "quadrant_mass.png", "reflection_words.png"]
     assert all((figures / p).stat().st_size > 10_000 for p in pngs)
-    shown = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(shown) == 3
+    assert len(shown_images(nb)) == 3
+
+
+def shown_images(nb) -> list:
+    return [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+def test_committed_notebook_is_executed_with_its_figures():
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code), "commit the notebook executed"
+    assert len(shown_images(nb)) == 3
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_its_committed_summaries(tmp_path):
+    from stare_lightning.metrics.plots import load_runs
+
+    committed = load_runs(NOTEBOOK.parent / "data" / "default_runs")
+    assert sorted(committed) == ["grpo_ds", "stare_o1"]
+    assert all(len(df) == 300 and df["train/entropy"].notna().all() for df in committed.values())
+    nb = execute_notebook(None, tmp_path)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    assert len(shown_images(nb)) == 3

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..config.checks import choice, number, text
 from ..rewards.registry import get_verifier, is_user_verifier_name
 from .benchmarks import ValSetConfig
+from .records import SCHEMA_KEYS
 from .tasks import SOURCES, STYLES, reasoning_gym, task_names, task_params
 
 
@@ -48,7 +49,9 @@ class DataConfig:
     num_workers: int = 0
     default_verifier: str | None = None  # for file records that name no verifier (tasks set their own)
     user_verifiers: list[str] = field(default_factory=list)  # package.module:function names records may use
-    columns: dict = field(default_factory=dict)  # schema key -> field name in the files (dotted paths allowed)
+    # Schema key -> field name in the files (dotted paths allowed). Every schema key is present (None: not
+    # mapped), so that `data.columns={answer: reward_model.ground_truth}` works without Hydra's `+`.
+    columns: dict = field(default_factory=lambda: dict.fromkeys(SCHEMA_KEYS))
     train_split: str = "train"  # split of a `datasets` source holding train_files
     val_split: str = "test"  # split of a `datasets` source holding val_files
     val_sets: list[ValSetConfig] = field(default_factory=list)  # per-benchmark validation sampling (by name)
@@ -85,13 +88,12 @@ class DataConfig:
         self._check_source()
         self._check_verifiers()
 
-        from .records import SCHEMA_KEYS
-
         bad = sorted(set(self.columns) - set(SCHEMA_KEYS))
         if bad:
             raise ValueError(f"data.columns: unknown schema keys {bad}; allowed: {list(SCHEMA_KEYS)}")
         for key, value in self.columns.items():
-            text(f"data.columns.{key}", value)
+            if value is not None:
+                text(f"data.columns.{key}", value)
         for name in ("train_split", "val_split"):
             text(f"data.{name}", getattr(self, name))
         self.val_sets = [ValSetConfig(**dict(v)) if isinstance(v, Mapping) else v for v in self.val_sets]

@@ -9,7 +9,9 @@ that is a list of messages is read as ``messages``. ``id`` defaults to ``<file n
 ``verifier`` to ``default_verifier``, and keys outside the schema are kept in ``metadata`` (an explicit
 ``metadata`` object wins on a clash); of each chat message only ``role`` and ``content`` are kept.
 ``columns`` renames source fields, dotted paths reach into nested objects:
-``{"prompt": "question", "answer": "reward_model.ground_truth"}``.
+``{"prompt": "question", "answer": "reward_model.ground_truth"}``; a mapped column is read only under the
+key it is mapped to. A file whose first row is in verl's layout (``VERL_COLUMNS``: ``prompt`` a message list,
+``reward_model.ground_truth``, ``data_source``) is read as it is, ``data_source`` naming its benchmark.
 
 Everything is checked while loading, before any training: malformed JSON (file and line), a missing
 or empty prompt or answer (file, line/row and key), an unknown verifier (with the list of known ones),
@@ -84,6 +86,19 @@ def _messages_problem(messages: Any) -> str | None:
 # --------------------------------------------------------------------------------------------------
 # Raw rows -> records
 # --------------------------------------------------------------------------------------------------
+
+
+# verl's RL parquet layout (also the STARE reference code's): ``prompt`` a message list, the answer in
+# ``reward_model.ground_truth``, ``data_source`` (the benchmark), ``ability``, ``extra_info`` (kept as metadata).
+VERL_COLUMNS = {"messages": "prompt", "answer": "reward_model.ground_truth"}
+
+
+def is_verl_row(row: Any) -> bool:
+    """True for a row in verl's layout that has no schema ``answer`` of its own."""
+    if not isinstance(row, Mapping) or "answer" in row:
+        return False
+    reward_model = row.get("reward_model")
+    return isinstance(reward_model, Mapping) and "ground_truth" in reward_model and "prompt" in row
 
 
 def _lookup(row: Mapping, path: str) -> tuple[bool, Any]:
@@ -161,10 +176,17 @@ def _build_record(
 
 
 def _mapped_values(row: Mapping, columns: Mapping[str, str], fail) -> tuple[dict[str, Any], set]:
-    """The schema keys found in ``row`` (through ``data.columns``) and the top-level columns they used."""
+    """The schema keys found in ``row`` (through ``data.columns``) and the top-level columns they used.
+
+    A column that ``columns`` maps to another key is read only as that key: with ``{messages: prompt}``
+    the source's ``prompt`` is the chat, not also the schema's ``prompt``.
+    """
     values: dict[str, Any] = {}
     used: set = set()
+    claimed = {src.split(".", 1)[0] for src in columns.values()}
     for key in SCHEMA_KEYS:
+        if key not in columns and key in claimed:
+            continue
         src = columns.get(key, key)
         found, value = _lookup(row, src)
         if found:
@@ -236,14 +258,15 @@ def load_records(
         path_or_id: a local file or directory, or a Hugging Face data set id (needs a network).
         default_verifier: verifier for records that name none.
         user_verifiers: ``package.module:function`` verifiers that records may name.
-        columns: schema key -> source field (dotted paths allowed), for data sets with other field names.
+        columns: schema key -> source field (dotted paths allowed; None: not mapped), for data sets with
+            other field names.
         split: split of a ``datasets`` source (default: "train", or the only split there is).
 
     Raises:
         DataError (a ValueError) naming the source, line/row and key of the first bad record.
     """
     source = os.fspath(path_or_id)
-    columns = dict(columns or {})
+    columns = {key: value for key, value in (columns or {}).items() if value is not None}  # None: not mapped
     bad_keys = sorted(set(columns) - set(SCHEMA_KEYS))
     if bad_keys:
         raise DataError(f"data.columns: unknown schema keys {bad_keys}; allowed: {list(SCHEMA_KEYS)}")
@@ -259,6 +282,8 @@ def load_records(
     records: list[PromptRecord] = []
     first_seen: dict[str, str] = {}
     for where, row in rows_of(source, split):
+        if not records and is_verl_row(row):
+            columns = {**VERL_COLUMNS, **columns}
         auto_id = f"{label}:{where.split()[-1]}"
         record = _build_record(
             row,

@@ -107,6 +107,27 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[st
     return runs
 
 
+# Columns the figures read; a summary keeps these only (pooled validation metrics, not per benchmark).
+_PLOTTED = re.compile(
+    r"(train/(entropy(/.*)?|stare/gate_on|reward/mean|response_length/mean|distinct_correct|quadrant/.*|reflection/.*)"
+    r"|val/(avg@\w+|pass@\w+|distinct_correct|reflection/per_response))"
+)
+
+
+def write_summary(run_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None) -> Path:
+    """A small copy of a run for committing beside a notebook: one row per step, the plotted columns only,
+    values to 6 significant digits, and ``hparams.yaml`` holding the run's name. Returns ``out_dir``."""
+    import yaml
+
+    df = load_run(run_dir)
+    keep = [c for c in df.columns if _PLOTTED.fullmatch(c) and df[c].notna().any()]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df[keep].to_csv(out_dir / METRICS_FILE, float_format="%.6g")
+    (out_dir / "hparams.yaml").write_text(yaml.safe_dump({"run_name": name or df.attrs["name"]}))
+    return out_dir
+
+
 # -------------------------------------------------------------------------------------------- plotting
 
 
