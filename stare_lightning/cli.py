@@ -128,4 +128,7 @@ def run(subcommand: str, cfg: DictConfig) -> Any:
         raise ValueError(f"{subcommand!r} takes plain arguments, not a config: use run_plain")
     cfg, run_cfg = prepare_config(cfg)
     _relaunch_argv(subcommand, run_cfg.output_dir)
+    from stare_lightning import console
+
+    console.configure(verbose=run_cfg.verbose, output_dir=run_cfg.output_dir)  # before vLLM is imported
     return _target(subcommand)(run_cfg)

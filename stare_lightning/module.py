@@ -13,7 +13,7 @@ import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
@@ -21,12 +21,17 @@ from lightning.pytorch import LightningModule
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stare_lightning import distributed
-from stare_lightning.algorithms import AlgorithmConfig, StepParams, step_selection
+from stare_lightning.algorithms import AlgorithmConfig, StepParams, selection_timing, step_selection
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS
 from stare_lightning.config.schema import ValidationConfig
 from stare_lightning.data.benchmarks import benchmark_sampling
 from stare_lightning.evaluation.samples import sample_records
-from stare_lightning.metrics.telemetry import TrainTelemetry, ValidationTelemetry, peak_memory_gib
+from stare_lightning.metrics.telemetry import (
+    TrainTelemetry,
+    ValidationTelemetry,
+    current_memory_gib,
+    peak_memory_gib,
+)
 from stare_lightning.models.config import ModelConfig
 from stare_lightning.models.sharding import shard_model
 from stare_lightning.rewards.majority import majority_correct
@@ -73,6 +78,7 @@ class STAREModule(LightningModule):
         self.reference: torch.nn.Module | None = None
         self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
         self.controller = algorithm.stare.make_controller() if algorithm.stare.enabled else None
+        self.selection_timing = selection_timing(algorithm.stare)
         self.entropy_coefficient = algorithm.make_entropy_coefficient()
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
@@ -155,27 +161,34 @@ class STAREModule(LightningModule):
                 chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
             )  # fmt: skip
             entropy, params = self._gate(scores, rollouts)
-            omega, selection = self._select(scores, rollouts, params)
-            self._update(
-                Experience.build(rollouts, old_logprobs=scores.logprobs, phi=scores.phi, stare_weights=omega), params
+            # Timing `micro_batch`: the loss selects inside each micro-batch instead.
+            omega, selected = (
+                self._select(scores, rollouts, params) if self.selection_timing != "micro_batch" else (None, None)
             )
+            experience = Experience.build(
+                rollouts, old_logprobs=scores.logprobs, phi=scores.phi, stare_weights=omega, stare_selected=selected
+            )
+            self._update(experience, params)
         else:  # plain on-policy GRPO: the update's first forward gives the rollout policy's statistics
-            scores = self._update(
-                Experience.build(rollouts, old_logprobs=None, phi=None, stare_weights=None), GRPO_PARAMS
+            experience = Experience.build(
+                rollouts, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None
             )
+            scores = self._update(experience, GRPO_PARAMS)
             entropy, params = self._gate(scores, rollouts)  # no controller here: telemetry only
-            omega, selection = self._select(scores, rollouts, params)
+            # What STARE would have selected (no loss applied it): the quadrant and selection telemetry.
+            omega, selected = self._select(scores, rollouts, params)
+            self.train_telemetry.add_selection(rollouts.advantages, rollouts.response_mask, scores.phi, omega, selected)
         canary = self.canary.update(rollouts.rollout_logprobs, scores.logprobs, rollouts.response_mask)
         self.engine.mark_stale()
         self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
         metrics = self.train_telemetry.compute(
-            batch=rollouts, scores=scores, selection=selection, omega=omega, stare_params=params, entropy=entropy,
-            collection=collection, lr=lr,
-        )  # fmt: skip
+            batch=rollouts, stare_params=params, entropy=entropy, collection=collection, lr=lr
+        )
         metrics.update({f"train/{key}": value for key, value in canary.items()})
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
         metrics["train/time/step_s"] = time.perf_counter() - started
         metrics["train/memory/peak_gib"] = peak_memory_gib(self.device)
+        metrics["train/memory/current_gib"] = current_memory_gib(self.device)  # after the step: growth shows here
         self.last_rollout_samples = collection.samples()
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
@@ -187,11 +200,21 @@ class STAREModule(LightningModule):
         return entropy, self.controller.update(entropy) if self.controller is not None else GRPO_PARAMS
 
     def _select(self, scores: TokenScores, rollouts: RolloutBatch, params: StepParams):
-        """STARE's selection over the step: (omega for the loss or None, its stats for the telemetry)."""
-        return step_selection(
+        """STARE's selection over the step's batch: (omega for the loss or None, the selected tokens)."""
+        omega, selection = step_selection(
             scores.logprobs, rollouts.advantages, rollouts.response_mask, scores.phi, self.algorithm, params,
             group_size=self.rollout.n,
         )  # fmt: skip
+        return omega, selection.selected
+
+    def _reselect(self, experience: Experience, params: StepParams) -> Experience:
+        """The step's selection made again by the policy as it is now (timing ``optimizer_step``)."""
+        scores = score_batch(
+            self.policy, experience, temperature=self.rollout.temperature,
+            chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
+        )  # fmt: skip
+        omega, selected = self._select(scores, experience, params)
+        return replace(experience, stare_weights=omega, stare_selected=selected)
 
     def _more_prompts(self, count: int, attempt: int) -> list[dict]:
         return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)
@@ -213,11 +236,13 @@ class STAREModule(LightningModule):
         offset, total_rows = distributed.row_offset(experience.num_rows, self.device)
         filler = next(micro_batches(experience.select(slice(0, 1)), budget))
         coef = self.entropy_coefficient.coef if self.entropy_coefficient is not None else alg.entropy_coef
-        first_pass = []
+        first_pass, optimizer_steps = [], 0
         for _ in range(alg.ppo_epochs):
             for rows in mini_batch_rows(
                 experience.num_rows, alg.mini_batches, generator, offset=offset, total_rows=total_rows
             ):
+                if optimizer_steps and self.selection_timing == "optimizer_step" and params.gate_on:
+                    experience = self._reselect(experience, params)
                 mini = experience.select(rows.to(experience.input_ids.device))
                 normalizer = step_normalizer(mini, max_response_length=self.rollout.max_new_tokens, device=self.device)
                 parts = list(micro_batches(mini, budget))
@@ -226,20 +251,31 @@ class STAREModule(LightningModule):
                 for index in range(steps):
                     real = index < len(parts)
                     part = parts[index] if real else filler
-                    loss, stats, token_stats = micro_batch_loss(
+                    result = micro_batch_loss(
                         self.policy, self.reference, part, normalizer, alg, params=params, entropy_coef=coef,
                         temperature=self.rollout.temperature, chunk_size=self.optim.logprob_chunk_size,
                     )  # fmt: skip
+                    loss = result.loss
                     if not torch.isfinite(loss):
                         finite = False
                         loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
                     self.manual_backward(loss * (float(real) * self.trainer.world_size))
                     if real:
-                        self.train_telemetry.add_micro_batch({**stats, "loss": loss.detach()})
-                        if experience.old_logprobs is None:
-                            first_pass.append(token_stats)
+                        keep = first_pass if experience.old_logprobs is None else None
+                        self._record_micro_batch(part, result, loss, keep)
                 self._optimizer_step(finite)
+                optimizer_steps += 1
         return TokenScores.from_micro_batches(first_pass, experience.response_width) if first_pass else None
+
+    def _record_micro_batch(self, part: Experience, result, loss: torch.Tensor, first_pass: list | None) -> None:
+        """Telemetry of one real micro-batch; its token statistics join ``first_pass`` when one is kept."""
+        self.train_telemetry.add_micro_batch({**result.sums, "loss": loss.detach()})
+        if result.stare_selected is not None:  # the selection this micro-batch's loss applied
+            self.train_telemetry.add_selection(
+                part.advantages, part.response_mask, part.phi, result.stare_omega, result.stare_selected
+            )
+        if first_pass is not None:
+            first_pass.append(result.token_stats)
 
     def _optimizer_step(self, finite: bool) -> None:
         """Clip, then step unless any rank saw a non-finite loss or gradient (then skip and warn)."""

@@ -143,3 +143,27 @@ def test_sft_examples(cd_train):
     assert sft_examples(arith) == [(r.prompt, r.answer) for r in arith]
     with pytest.raises(ValueError, match="plain-style"):
         sft_examples(build_records("countdown", "train", 2, style="instruct"))
+
+
+def test_arithmetic_in_prose_for_small_chat_models():
+    records = build_records(
+        "arithmetic",
+        "train",
+        20,
+        style="instruct",
+        seed=1,
+        num_operands=2,
+        digits=1,
+        ops="+",
+        answer_format="last_number",
+    )
+    first = records[0]
+    assert first.verifier == "last_number" and "boxed" not in first.messages[0]["content"]
+    a, b = first.metadata["expression"].split("+")
+    assert first.messages[0]["content"] == f"What is {a} + {b}?"
+    verify = get_verifier("last_number")
+    assert all(verify(f"{r.metadata['expression']} makes {r.answer}.", r.answer, r.metadata) == 1.0 for r in records)
+    with pytest.raises(ValueError, match="prompt_style=instruct only"):
+        build_records("arithmetic", "train", 2, style="plain", answer_format="last_number")
+    with pytest.raises(ValueError, match="answer_format must be one of"):
+        build_records("arithmetic", "train", 2, style="instruct", answer_format="free")

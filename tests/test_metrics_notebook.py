@@ -153,3 +153,23 @@ def test_notebook_runs_on_its_committed_summaries(tmp_path):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert len(shown_images(nb)) == 3
+
+
+def test_summaries_of_a_sweep_keep_the_plotted_columns_and_name_runs(tmp_path):
+    import yaml
+
+    from stare_lightning.metrics.plots import load_runs, summarize_sweep
+
+    for index, (algorithm, adaptive, seed) in enumerate([("grpo_ds", False, 0), ("stare_o1", True, 1)]):
+        logs = write_fake_run(tmp_path / "sweep" / f"{index}_job" / "logs", seed=seed, steps=12)
+        hparams = {"seed": seed, "algorithm": {"name": algorithm, "stare": {"adaptive": adaptive}}}
+        (logs / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    written = summarize_sweep(tmp_path / "sweep", tmp_path / "summary")
+    assert [p.name for p in written] == ["grpo_ds_seed0", "stare_o1_adaptive_seed1"]
+    runs = load_runs(tmp_path / "summary")
+    assert sorted(runs) == ["grpo_ds_seed0", "stare_o1_adaptive_seed1"]
+    full = next(iter(load_runs(tmp_path / "sweep" / "0_job" / "logs").values()))
+    summary = runs["grpo_ds_seed0"]
+    assert "epoch" not in summary.columns and set(summary.columns) <= set(full.columns)
+    for column in ("train/entropy", "val/avg@n", "train/quadrant/exact/pos_high/dH"):
+        assert np.allclose(summary[column].dropna(), full[column].dropna(), rtol=1e-5)

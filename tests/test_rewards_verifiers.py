@@ -184,7 +184,7 @@ def test_unknown_verifier_lists_the_known_ones():
     assert "mathh" in message
     for name in ("countdown", "exact", "math", "numeric"):
         assert name in message
-    assert known_verifiers() == ["countdown", "exact", "math", "numeric", "reasoning_gym"]
+    assert known_verifiers() == ["countdown", "exact", "last_number", "math", "numeric", "reasoning_gym"]
 
 
 def test_user_verifier_by_name(tmp_path, monkeypatch):
@@ -201,3 +201,27 @@ def test_user_verifier_by_name(tmp_path, monkeypatch):
 def test_standard_library_functions_are_not_verifiers(name):
     with pytest.raises(ValueError, match="standard library"):
         get_verifier(name)
+
+
+@pytest.mark.parametrize(
+    "response, answer, expected",
+    [
+        ("7 + 7 is 14.", "14", 1.0),
+        ("The answer is 12. Wait, 7 + 7 = 14", "14", 1.0),
+        ("7 + 7 = 14, not 12", "14", 0.0),  # the last number decides
+        ("So 3 - 5 = -2", "-2", 1.0),
+        ("The total is 1,234.", "1234", 1.0),
+        ("\\boxed{8}", "8", 1.0),
+        ("no digits here", "3", 0.0),
+        ("", "3", 0.0),
+    ],
+)
+def test_last_number(response, answer, expected):
+    assert get_verifier("last_number")(response, answer, {}) == expected
+
+
+def test_last_number_refuses_a_reference_that_is_not_a_number():
+    from stare_lightning.rewards.registry import check_record
+
+    with pytest.raises(ValueError, match="needs a number as answer"):
+        check_record("last_number", "seven", {})

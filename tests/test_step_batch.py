@@ -77,7 +77,7 @@ def test_rows_are_prompt_left_padded_then_response_right_padded():
 def test_micro_batches_respect_the_budget_and_keep_every_row_once():
     batch = _batch()
     extra = torch.arange(9, dtype=torch.float32).view(3, 3)
-    experience = Experience.build(batch, old_logprobs=extra, phi=-extra, stare_weights=None)
+    experience = Experience.build(batch, old_logprobs=extra, phi=-extra, stare_weights=None, stare_selected=None)
     parts = list(micro_batches(experience, token_budget=6))
     assert sum(p.num_rows for p in parts) == 3
     for part in parts:
@@ -90,7 +90,9 @@ def test_micro_batches_respect_the_budget_and_keep_every_row_once():
 
 def test_experience_is_built_complete_and_frozen():
     batch = _batch()
-    experience = Experience.build(batch, old_logprobs=None, phi=None, stare_weights=torch.ones(3, 3))
+    experience = Experience.build(
+        batch, old_logprobs=None, phi=None, stare_weights=torch.ones(3, 3), stare_selected=torch.ones(3, 3).bool()
+    )
     assert torch.equal(experience.input_ids, batch.input_ids) and experience.prompt_width == batch.prompt_width
     with pytest.raises(AttributeError):
         experience.old_logprobs = torch.zeros(3, 3)

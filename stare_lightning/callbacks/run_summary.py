@@ -13,7 +13,16 @@ from stare_lightning.metrics.functional import QUADRANTS
 
 _BENCHMARK_KEY = re.compile(r"val/[^/]+/(avg|maj)@\d+")
 VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/response_length/mean")
-TRAIN_KEYS = ("train/entropy", "train/reward/mean", "train/distinct_correct", "train/stare/gate_on", "train/stare/w")
+TRAIN_KEYS = (
+    "train/entropy",
+    "train/reward/mean",
+    "train/distinct_correct",
+    "train/stare/gate_on",
+    "train/stare/w",
+    "train/time/step_s",
+    "train/memory/peak_gib",
+    "train/memory/current_gib",
+)
 
 
 class RunSummary(Callback):
@@ -59,8 +68,9 @@ class RunSummary(Callback):
                 rows.append((key, _fmt(start), _fmt(end)))
         return rows
 
-    def on_fit_end(self, trainer: lightning.Trainer, pl_module) -> None:
-        if trainer.global_rank != 0:
+    def teardown(self, trainer: lightning.Trainer, pl_module, stage: str) -> None:
+        # At teardown, after the progress bar (earlier in the callback list) has stopped: the table comes last.
+        if stage != "fit" or trainer.global_rank != 0 or trainer.sanity_checking:
             return
         from rich.console import Console
         from rich.table import Table

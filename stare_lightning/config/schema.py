@@ -45,6 +45,7 @@ class RunConfig:
     seed: int = 0
     output_dir: str | None = None  # filled in from Hydra's run directory by the CLI
     summary: bool = True
+    verbose: bool = False  # third-party notices on the terminal too (they always go to the run's log file)
     allowed_targets: list[str] = field(default_factory=list)
     ckpt_path: str | None = None
     export_dir: str | None = None
@@ -61,6 +62,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         number("seed", self.seed, low=0, integer=True)
         flag("summary", self.summary)
+        flag("verbose", self.verbose)
         # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
         largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
         if max(self.validation.pass_k) > largest_n:

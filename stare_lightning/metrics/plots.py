@@ -128,6 +128,24 @@ def write_summary(run_dir: str | os.PathLike, out_dir: str | os.PathLike, name: 
     return out_dir
 
 
+def sweep_run_label(job_logs: Path) -> str:
+    """``<algorithm>[_adaptive]_seed<seed>`` from a fit's logged hyper-parameters."""
+    import yaml
+
+    logged = yaml.safe_load((job_logs / "hparams.yaml").read_text()) or {}
+    algorithm = logged.get("algorithm", {})
+    adaptive = "_adaptive" if algorithm.get("stare", {}).get("adaptive") else ""
+    return f"{algorithm.get('name', job_logs.parent.name)}{adaptive}_seed{logged.get('seed', 0)}"
+
+
+def summarize_sweep(sweep_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """``write_summary`` of every fit under ``sweep_dir`` into ``out_dir/<label>`` (``sweep_run_label``)."""
+    jobs = sorted(p.parent for p in Path(sweep_dir).rglob(f"logs/{METRICS_FILE}"))
+    if not jobs:
+        raise FileNotFoundError(f"no runs (*/logs/{METRICS_FILE}) under {sweep_dir}")
+    return [write_summary(job, Path(out_dir) / sweep_run_label(job), sweep_run_label(job)) for job in jobs]
+
+
 # -------------------------------------------------------------------------------------------- plotting
 
 
@@ -352,3 +370,12 @@ def _save(fig, out_png: str | os.PathLike) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     return out
+
+
+if __name__ == "__main__":  # python -m stare_lightning.metrics.plots summarize <sweep dir> <out dir>
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "summarize":
+        raise SystemExit("usage: python -m stare_lightning.metrics.plots summarize <sweep dir> <out dir>")
+    for path in summarize_sweep(sys.argv[2], sys.argv[3]):
+        print(path)

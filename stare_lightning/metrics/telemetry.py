@@ -7,6 +7,7 @@ ranks, so a token mean is exact whatever the sharding. Training metrics are comp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -38,7 +39,8 @@ class TrainTelemetry(nn.Module):
     """The ``train/`` metrics of one step.
 
     Order within a step: ``batch_entropy`` (H_k, before the gate), ``add_micro_batch`` for every
-    micro-batch of the update and ``add_optimizer_step`` for every optimizer step, then ``compute`` once.
+    micro-batch of the update, ``add_optimizer_step`` for every optimizer step and ``add_selection`` for
+    every STARE selection applied, then ``compute`` once.
     """
 
     def __init__(self, reflection_words: Sequence[str] | None = None, forecast_window: int = 20) -> None:
@@ -82,6 +84,18 @@ class TrainTelemetry(nn.Module):
         self.entropy.update(entropy, mask)
         return float(self.entropy.compute()["entropy"])
 
+    def add_selection(
+        self, advantages: Tensor, mask: Tensor, phi: Tensor, omega: Tensor | None, selected: Tensor
+    ) -> None:
+        """A STARE selection the loss applied (or, with STARE off or its gate closed, would have applied).
+
+        Called once per applied selection: per step, per optimizer step or per micro-batch (see
+        ``algorithms.token_weights.selection_timing``); the quadrant and selected-fraction metrics are
+        token-weighted means over the calls of a step.
+        """
+        self.quadrants.update(advantages, mask, phi, omega, selected)
+        self.selection.update(selected, advantages, mask)
+
     def add_micro_batch(self, stats: Mapping[str, Tensor]) -> None:
         """The sums ``policy_loss`` reports for one micro-batch (its share of the step loss included)."""
         self.clip.update(stats["clip_low"], stats["clip_high"], stats["tokens"])
@@ -93,20 +107,15 @@ class TrainTelemetry(nn.Module):
         if grad_norm is not None:
             self.grad_norm.update(grad_norm)
 
-    def compute(
-        self, *, batch, scores, selection, omega: Tensor | None, stare_params, entropy: float, collection, lr: float
-    ) -> dict[str, float]:
+    def compute(self, *, batch, stare_params, entropy: float, collection, lr: float) -> dict[str, float]:
         """All ``train/`` metrics of the step; resets the per-step states.
 
-        ``batch``: the step's ``RolloutBatch``; ``scores``: its ``TokenScores``; ``selection``: STARE's
-        step-wide ``STAREStats``; ``omega``: the weights that selection gave (None: all ones);
-        ``stare_params``: the gate and W/M used; ``collection``: the step's ``Collection``.
+        ``batch``: the step's ``RolloutBatch``; ``stare_params``: the gate and W/M used; ``collection``:
+        the step's ``Collection``. The selections come from ``add_selection`` calls made before.
         """
-        mask, advantages = batch.response_mask, batch.advantages
+        mask = batch.response_mask
         stats = collection.stats
         n = collection.correct.shape[1]
-        self.quadrants.update(advantages, mask, scores.phi, omega, selection.selected)
-        self.selection.update(selection.selected, advantages, mask)
         self.reflection.update(collection.texts)
         self.distinct.update(_grouped(collection.texts, n), collection.correct > 0.5)
         self.lengths.update(mask.sum(-1))
@@ -252,3 +261,15 @@ def peak_memory_gib(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def current_memory_gib(device: torch.device) -> float:
+    """Accelerator memory allocated now, or this process's resident memory now on a CPU (Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**30
+    try:
+        with open("/proc/self/statm") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except OSError:  # not Linux: no cheap reading of the current resident size
+        return float("nan")
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**30

@@ -1,7 +1,8 @@
 """Verifiable rewards: pure verifier functions, a name registry, and a process pool with hard timeouts.
 
 Built-in verifiers: ``math`` (boxed answer, equivalence through math-verify), ``exact`` (normalised
-string match), ``numeric`` (number match with tolerance), ``countdown`` (expression check with a safe
+string match), ``numeric`` (number match with tolerance), ``last_number`` (the last number in the
+response, for small models answering in prose), ``countdown`` (expression check with a safe
 evaluator) and ``reasoning_gym`` (the reasoning-gym generator's own ``score_answer``, needs that extra).
 Any ``package.module:function`` with the signature ``(response, answer, metadata) -> float`` works as well.
 Score through :class:`VerifierPool` in training: it is the only place with a hard timeout.

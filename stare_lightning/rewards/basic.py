@@ -1,4 +1,5 @@
-"""Two simple verifiers: ``exact`` (normalised string match) and ``numeric`` (number match with tolerance).
+"""Simple verifiers: ``exact`` (normalised string match), ``numeric`` (number match with tolerance) and
+``last_number`` (the last number written anywhere in the response, compared like ``numeric``).
 
 Both read the final answer from the last ``\\boxed{}`` or ``Answer:`` line when the response has one,
 and from the whole response otherwise (plain style: the response *is* the answer).
@@ -9,6 +10,10 @@ and from the whole response otherwise (plain style: the response *is* the answer
   equal (exactly, as fractions) or within ``rel_tol`` (default 1e-6) or ``abs_tol`` (default 1e-9) of
   each other, both overridable per record through metadata. Text that is not a single number scores 0;
   a reference answer that is not a number is refused when the data are loaded.
+- last_number: a lenient reading for small models that answer in prose ("7 + 7 is 14."): the last integer or
+  decimal in the response (``\\boxed{}``/``Answer:`` not needed), like the "flexible extract" of common
+  evaluation harnesses. It rewards any text whose last number is right, so use it only where the answer is
+  a bare number and prose cannot game it cheaply.
 """
 
 from __future__ import annotations
@@ -88,6 +93,23 @@ def verify_numeric(response: str, answer: str, metadata: dict) -> float:
     return 1.0 if numbers_match(pred, gold, rel_tol, abs_tol) else 0.0
 
 
+_LAST_NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
+
+
+def verify_last_number(response: str, answer: str, metadata: dict) -> float:
+    """1.0 when the last number in the response equals the reference (tolerances as for ``numeric``)."""
+    gold = parse_number(str(answer))
+    if gold is None:
+        raise ValueError(f"last_number verifier: reference answer {answer!r} is not a number")
+    found = _LAST_NUMBER.findall(response[-4096:])
+    pred = parse_number(found[-1].rstrip(",")) if found else None
+    if pred is None:
+        return 0.0
+    rel_tol = float(metadata.get("rel_tol", 1e-6))
+    abs_tol = float(metadata.get("abs_tol", 1e-9))
+    return 1.0 if numbers_match(pred, gold, rel_tol, abs_tol) else 0.0
+
+
 def check_numeric_record(answer: str, metadata: dict) -> None:
     """Raise ValueError when the reference answer is not a number."""
     if parse_number(str(answer)) is None:
@@ -110,3 +132,4 @@ def check_exact_record(answer: str, metadata: dict) -> None:
 
 verify_numeric.check_record = check_numeric_record
 verify_exact.check_record = check_exact_record
+verify_last_number.check_record = check_numeric_record

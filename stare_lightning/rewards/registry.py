@@ -22,6 +22,7 @@ Verifier = Callable[[str, str, dict], float]
 _BUILTINS: dict[str, str] = {
     "countdown": "stare_lightning.rewards.countdown:verify_countdown",
     "exact": "stare_lightning.rewards.basic:verify_exact",
+    "last_number": "stare_lightning.rewards.basic:verify_last_number",
     "math": "stare_lightning.rewards.math_answer:verify_math",
     "numeric": "stare_lightning.rewards.basic:verify_numeric",
     "reasoning_gym": "stare_lightning.rewards.reasoning_gym:verify_reasoning_gym",  # needs the reasoning-gym extra

@@ -18,14 +18,13 @@ the same order) and streams ``(name, tensor)`` pairs into the live engine throug
 ``collective_rpc("reload_weights", ...)``; the model's own ``load_weights`` maps checkpoint names onto
 vLLM's fused layouts. The prefix cache is reset afterwards so no KV computed with old weights is reused.
 
-Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: weights are offloaded to host
-memory and come back as they were. Level 2 would drop them, and a wake-up would reload the checkpoint from
-disk over the synced weights (rollouts silently on stale weights). On CPU, sleep and wake do nothing.
+Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: weights go to host memory and
+come back as they were (level 2 drops them; a wake-up would reload the checkpoint over the synced weights:
+rollouts silently on stale weights). On CPU, sleep and wake do nothing.
 
-Chunked prefill is off on CPU. vLLM's default spreads a prompt that does not fit a step's
-``max_num_batched_tokens`` over steps, samples at each unfinished one, drops the token and rewinds the request's
-generator (``GPUModelRunner._bookkeeping_sync``): CPU generators cannot, so seeded requests (all here) crash.
-Unchunked, a prompt is prefilled whole or waits a step; samples are unchanged. GPUs keep vLLM's defaults.
+Chunked prefill is off on CPU: vLLM spreads a prompt over steps, samples at each unfinished one, then drops the
+token and rewinds the request's generator (``_bookkeeping_sync``), which CPU generators cannot do, so seeded
+requests (all here) crash. Unchunked, a prompt is prefilled whole; samples are unchanged. GPUs keep the default.
 
 Side effects contained here. Building the engine seeds Python/NumPy/torch RNGs, replaces
 ``torch.set_num_threads`` with a no-op and, on CPU, drops torch to one thread; the constructor restores all
@@ -53,6 +52,7 @@ from typing import Any
 
 import torch
 
+from stare_lightning.console import native_output_to_log
 from stare_lightning.distributed import is_distributed, process_group_exists
 from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
 
@@ -163,7 +163,7 @@ class VLLMRolloutEngine:
 
         _quiet_rotary_reload_warning()
         start = time.perf_counter()
-        with _contain_engine_side_effects(self.on_cpu):
+        with _contain_engine_side_effects(self.on_cpu), native_output_to_log():
             self.llm = LLM(**kwargs)
         self.start_seconds = time.perf_counter() - start
         self.tokenizer = self.llm.get_tokenizer()

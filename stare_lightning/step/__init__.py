@@ -9,7 +9,7 @@ calls, the STARE gate between them and the optimizer steps live in ``stare_light
 
 from stare_lightning.step.batch import Experience, RolloutBatch, build_rollout_batch, micro_batches, mini_batch_rows
 from stare_lightning.step.collect import Collection, CollectionStats, collect, score_rollouts, verify
-from stare_lightning.step.loss import micro_batch_loss, step_normalizer
+from stare_lightning.step.loss import MicroBatchLoss, micro_batch_loss, step_normalizer
 from stare_lightning.step.scoring import TokenScores, response_token_stats, score_batch
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "TokenScores",
     "build_rollout_batch",
     "collect",
+    "MicroBatchLoss",
     "micro_batch_loss",
     "micro_batches",
     "mini_batch_rows",

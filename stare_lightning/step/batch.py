@@ -79,20 +79,34 @@ class Experience(RolloutBatch):
     """A rollout batch with every per-token input of the loss, built once before the optimizer steps.
 
     ``old_logprobs`` None means on-policy without a scoring pass: the first forward's detached log-probs
-    stand in. ``stare_weights`` is STARE's omega from a selection over the whole step (scopes ``step``,
-    ``sequence``, ``group`` with the gate open); None when no step-wide weight applies.
+    stand in. ``stare_weights`` is STARE's omega from a selection over the step's batch (None: no
+    step-wide weight applies, e.g. the gate is closed) and ``stare_selected`` that selection's tokens
+    (None when the loss selects inside each micro-batch, or without STARE).
     """
 
     old_logprobs: Tensor | None = None
     phi: Tensor | None = None  # entropy sensitivity of each sampled token (the ``sensitivity`` selector)
     stare_weights: Tensor | None = None
+    stare_selected: Tensor | None = None  # bool
 
     @classmethod
     def build(
-        cls, batch: RolloutBatch, *, old_logprobs: Tensor | None, phi: Tensor | None, stare_weights: Tensor | None
+        cls,
+        batch: RolloutBatch,
+        *,
+        old_logprobs: Tensor | None,
+        phi: Tensor | None,
+        stare_weights: Tensor | None,
+        stare_selected: Tensor | None,
     ) -> Experience:
         rollout_fields = {f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}
-        return cls(**rollout_fields, old_logprobs=old_logprobs, phi=phi, stare_weights=stare_weights)
+        return cls(
+            **rollout_fields,
+            old_logprobs=old_logprobs,
+            phi=phi,
+            stare_weights=stare_weights,
+            stare_selected=stare_selected,
+        )
 
 
 def build_rollout_batch(rollouts: Rollouts, rewards: Tensor, advantages: Tensor, *, pad_token_id: int) -> RolloutBatch:

@@ -6,12 +6,22 @@ the micro-batch losses, summed over micro-batches and ranks, equal the loss of t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer, TokenStats, policy_loss
+from stare_lightning.algorithms import (
+    AlgorithmConfig,
+    LossNormalizer,
+    TokenStats,
+    entropy_sensitivity,
+    micro_batch_stare_weights,
+    micro_batch_token_weights,
+    policy_loss,
+    selection_timing,
+)
 from stare_lightning.algorithms.stare_controller import StepParams
-from stare_lightning.algorithms.token_weights import micro_batch_token_weights
 from stare_lightning.distributed import all_reduce
 from stare_lightning.step.batch import Experience
 from stare_lightning.step.scoring import response_token_stats
@@ -28,6 +38,17 @@ def step_normalizer(mini: Experience, *, max_response_length: int, device: torch
     )
 
 
+@dataclass(frozen=True)
+class MicroBatchLoss:
+    """One micro-batch's loss and what the telemetry needs of it."""
+
+    loss: Tensor
+    sums: dict[str, Tensor]  # detached sums of ``policy_loss`` (clip counts, KL, tokens)
+    token_stats: TokenStats  # the policy's statistics from this forward
+    stare_omega: Tensor | None  # STARE's weights applied here (None: all ones)
+    stare_selected: Tensor | None  # the tokens STARE selected here (None: no selection, STARE off)
+
+
 def micro_batch_loss(
     policy: torch.nn.Module,
     reference: torch.nn.Module | None,
@@ -39,40 +60,42 @@ def micro_batch_loss(
     entropy_coef: float,
     temperature: float,
     chunk_size: int,
-) -> tuple[Tensor, dict[str, Tensor], TokenStats]:
-    """(loss, its detached sums, the policy's token statistics) of one micro-batch.
-
-    Without old log-probs (on-policy, no scoring pass) the forward also returns the entropy terms, and
-    its detached log-probs are the old ones: the ratio is exactly 1 and the statistics describe the
-    rollout policy.
-    """
+) -> MicroBatchLoss:
+    """The loss of one micro-batch, with its sums, token statistics and STARE's weights. Without old log-probs
+    (on-policy, no scoring pass) this forward's detached log-probs are the old ones (ratio exactly 1), and its
+    statistics, entropy terms included, describe the rollout policy."""
     on_policy_first_pass = part.old_logprobs is None
+    # A selection made here by the current policy's sensitivity needs this forward's Phi.
+    selects_here = selection_timing(alg.stare) == "micro_batch"
+    current_phi = selects_here and (alg.stare.selector, alg.stare.surprisal_source) == ("sensitivity", "current")
     stats = response_token_stats(
         policy,
         part,
         temperature=temperature,
         chunk_size=chunk_size,
-        with_entropy=alg.needs_entropy() or on_policy_first_pass,
-        with_sensitivity=on_policy_first_pass,
+        with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi,
+        with_sensitivity=on_policy_first_pass or current_phi,
     )
     old_logprobs = stats.logprobs.detach() if on_policy_first_pass else part.old_logprobs
-    weights = micro_batch_token_weights(
+    stare_omega, stare_selected = micro_batch_stare_weights(
         alg,
         advantages=part.advantages,
         mask=part.response_mask,
         current_logprobs=stats.logprobs.detach(),
         old_logprobs=old_logprobs,
-        rollout_logprobs=part.rollout_logprobs,
         step_omega=part.stare_weights,
+        step_selected=part.stare_selected,
         params=params,
-        phi=part.phi,
+        phi=_sensitivity(stats) if current_phi else part.phi,
     )
-    ref_logprobs = None
-    if reference is not None:
-        with torch.no_grad():
-            ref_logprobs = response_token_stats(
-                reference, part, temperature=temperature, chunk_size=chunk_size, with_entropy=False
-            ).logprobs
+    weights = micro_batch_token_weights(
+        alg,
+        stare_omega=stare_omega,
+        mask=part.response_mask,
+        old_logprobs=old_logprobs,
+        rollout_logprobs=part.rollout_logprobs,
+    )
+    ref_logprobs = _reference_logprobs(reference, part, temperature=temperature, chunk_size=chunk_size)
     loss, loss_stats = policy_loss(
         stats.logprobs,
         old_logprobs,
@@ -85,4 +108,19 @@ def micro_batch_loss(
         entropy=stats.entropy if alg.needs_entropy() else None,
         entropy_coef=entropy_coef,
     )
-    return loss, loss_stats, stats
+    return MicroBatchLoss(loss, loss_stats, stats, stare_omega, stare_selected)
+
+
+@torch.no_grad()
+def _reference_logprobs(reference, part: Experience, *, temperature: float, chunk_size: int) -> Tensor | None:
+    if reference is None:
+        return None
+    return response_token_stats(
+        reference, part, temperature=temperature, chunk_size=chunk_size, with_entropy=False
+    ).logprobs
+
+
+def _sensitivity(stats: TokenStats) -> Tensor:
+    return entropy_sensitivity(
+        stats.logprobs.detach(), stats.entropy.detach(), stats.sum_p2.detach(), stats.sum_p2_logp.detach()
+    )

@@ -8,8 +8,11 @@ Splits are deterministic and disjoint: validation expressions are drawn first fr
 stream, and the training stream skips every one of them (training may repeat its own expressions when
 the space is small).
 
-Prompt styles: plain ``"7+3*5="`` with the response ``"22"`` then EOS; instruct, one user message
-asking for the value within ``\\boxed{}``.
+Prompt styles: plain ``"7+3*5="`` with the response ``"22"`` then EOS; instruct, one user message. With
+``answer_format="boxed"`` it asks for the value within ``\\boxed{}`` (verifier ``numeric``); with
+``answer_format="last_number"`` it only asks the question, and the last number of the response is the
+answer (verifier ``last_number``): small chat models such as SmolLM2-135M answer in prose and ignore the
+box instruction.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, fields
 from ...rewards.expr import safe_eval
 from ..records import PromptRecord
 
-VERIFIER = "numeric"
+VERIFIERS = {"boxed": "numeric", "last_number": "last_number"}  # answer_format -> verifier
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,15 @@ class ArithmeticParams:
     num_operands: int = 3
     digits: int = 1
     ops: str = "+-*"
+    answer_format: str = "boxed"  # boxed | last_number (instruct style; see the module docstring)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "ops":
+            if f.name == "answer_format":
+                if value not in VERIFIERS:
+                    raise ValueError(f"data.task_kwargs.answer_format must be one of {list(VERIFIERS)}, got {value!r}")
+            elif f.name == "ops":
                 if not isinstance(value, str) or not value or set(value) - set("+-*") or len(set(value)) != len(value):
                     raise ValueError(
                         f"data.task_kwargs.ops must be a string of distinct characters from '+-*', got {value!r}"
@@ -60,8 +67,10 @@ def plain_prompt(expression: str) -> str:
     return f"{expression}="
 
 
-def instruct_message(expression: str) -> str:
+def instruct_message(expression: str, answer_format: str = "boxed") -> str:
     """The user message of the instruct style."""
+    if answer_format == "last_number":
+        return f"What is {expression.replace('+', ' + ').replace('-', ' - ').replace('*', ' * ')}?"
     return f"What is the value of {expression}? Put your final answer within \\boxed{{}}."
 
 
@@ -69,6 +78,11 @@ def make_records(
     split: str, size: int, *, style: str, seed: int, val_size: int, params: ArithmeticParams
 ) -> list[PromptRecord]:
     """``size`` records of ``split`` ("train" or "val"); train never contains a val expression."""
+    if style == "plain" and params.answer_format != "boxed":
+        raise ValueError(
+            f"data.task_kwargs.answer_format={params.answer_format!r} applies to data.prompt_style=instruct only "
+            "(a plain prompt's response is the bare value)"
+        )
     val_rng = random.Random(f"arithmetic/val/{seed}")
     val_exprs: list[str] = []
     seen: set = set()
@@ -85,7 +99,7 @@ def make_records(
             seen.add(expr)
             val_exprs.append(expr)
     if split == "val":
-        return [_record("val", i, e, style) for i, e in enumerate(val_exprs)]
+        return [_record("val", i, e, style, params) for i, e in enumerate(val_exprs)]
     train_rng = random.Random(f"arithmetic/train/{seed}")
     records: list[PromptRecord] = []
     misses = 0
@@ -98,16 +112,16 @@ def make_records(
                     "arithmetic: every expression of these settings is in the validation split; lower data.val_size"
                 )
             continue
-        records.append(_record("train", len(records), expr, style))
+        records.append(_record("train", len(records), expr, style, params))
     return records
 
 
-def _record(split: str, index: int, expression: str, style: str) -> PromptRecord:
+def _record(split: str, index: int, expression: str, style: str, params: ArithmeticParams) -> PromptRecord:
     value = safe_eval(expression, "+-*")
     answer = str(value.numerator)
     metadata = {"task": "arithmetic", "style": style, "expression": expression, "solution": answer}
     rid = f"arithmetic-{split}-{index}"
     if style == "plain":
-        return PromptRecord(rid, plain_prompt(expression), None, answer, VERIFIER, metadata)
-    messages = [{"role": "user", "content": instruct_message(expression)}]
-    return PromptRecord(rid, None, messages, answer, VERIFIER, metadata)
+        return PromptRecord(rid, plain_prompt(expression), None, answer, "numeric", metadata)
+    messages = [{"role": "user", "content": instruct_message(expression, params.answer_format)}]
+    return PromptRecord(rid, None, messages, answer, VERIFIERS[params.answer_format], metadata)
