@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stare_lightning import distributed
 from stare_lightning.algorithms import AlgorithmConfig, StepParams, selection_timing, step_selection
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS
-from stare_lightning.config.schema import ValidationConfig
+from stare_lightning.config.schema import TelemetryConfig, ValidationConfig
 from stare_lightning.data.benchmarks import benchmark_sampling
 from stare_lightning.evaluation.samples import sample_records
 from stare_lightning.metrics.telemetry import (
@@ -44,7 +44,7 @@ from stare_lightning.step import Experience, RolloutBatch, TokenScores, micro_ba
 from stare_lightning.step.batch import mini_batch_rows
 from stare_lightning.step.collect import collect, verify
 from stare_lightning.step.loss import step_normalizer
-from stare_lightning.step.scoring import score_batch
+from stare_lightning.step.scoring import response_logits, same_batch_entropy_change, score_batch
 from stare_lightning.trainer.config import OptimConfig
 from stare_lightning.trainer.cpu_threads import share_cores
 from stare_lightning.trainer.optim import build_optimizer
@@ -61,6 +61,7 @@ class STAREModule(LightningModule):
         rollout: RolloutConfig,
         optim: OptimConfig,
         validation: ValidationConfig,
+        telemetry: TelemetryConfig | None = None,
         val_sampling: Mapping[str, SamplingParams] | None = None,
         seed: int = 0,
         allowed_targets: Sequence[str] = (),
@@ -82,7 +83,8 @@ class STAREModule(LightningModule):
         self.entropy_coefficient = algorithm.make_entropy_coefficient()
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
-        self.train_telemetry = TrainTelemetry(validation.reflection_words)
+        self.same_batch_entropy = telemetry is not None and telemetry.same_batch_entropy
+        self.train_telemetry = TrainTelemetry(validation.reflection_words, same_batch=self.same_batch_entropy)
         # Validation benchmarks -> their sampling; a batch of an unlisted benchmark uses the rollout group's.
         self.val_sampling = dict(val_sampling or {})
         benchmarks = {name: params.n for name, params in self.val_sampling.items()}
@@ -95,8 +97,8 @@ class STAREModule(LightningModule):
         """The module of a validated ``RunConfig``; ``val_benchmarks``: the validation data's benchmarks."""
         groups = {"model": cfg.model, "algorithm": cfg.algorithm, "rollout": cfg.rollout, "optim": cfg.optim}
         sampling = benchmark_sampling(cfg.rollout, cfg.data.val_sets, val_benchmarks)
-        return cls(model_dir=model_dir, validation=cfg.validation, val_sampling=sampling, seed=cfg.seed,
-                   allowed_targets=cfg.allowed_targets, **groups)  # fmt: skip
+        return cls(model_dir=model_dir, validation=cfg.validation, telemetry=cfg.telemetry, val_sampling=sampling,
+                   seed=cfg.seed, allowed_targets=cfg.allowed_targets, **groups)  # fmt: skip
 
     # ----------------------------------------------------------------------------------------- models
     def setup(self, stage: str) -> None:
@@ -155,6 +157,7 @@ class STAREModule(LightningModule):
         )  # fmt: skip
         rollouts = collection.batch.to(self.device)
         lr = self.lr_schedulers().get_last_lr()[0]
+        logits_before = self._response_logits(rollouts) if self.same_batch_entropy else None
         if self.algorithm.needs_scoring_pass():
             scores = score_batch(
                 self.policy, rollouts, temperature=self.rollout.temperature,
@@ -178,6 +181,8 @@ class STAREModule(LightningModule):
             # What STARE would have selected (no loss applied it): the quadrant and selection telemetry.
             omega, selected = self._select(scores, rollouts, params)
             self.train_telemetry.add_selection(rollouts.advantages, rollouts.response_mask, scores.phi, omega, selected)
+        if logits_before is not None:
+            self._add_entropy_change(rollouts, scores, logits_before)
         canary = self.canary.update(rollouts.rollout_logprobs, scores.logprobs, rollouts.response_mask)
         self.engine.mark_stale()
         self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
@@ -215,6 +220,19 @@ class STAREModule(LightningModule):
         )  # fmt: skip
         omega, selected = self._select(scores, experience, params)
         return replace(experience, stare_weights=omega, stare_selected=selected)
+
+    def _response_logits(self, rollouts: RolloutBatch) -> list[torch.Tensor]:
+        return response_logits(self.policy, rollouts, micro_batch_tokens=self.optim.micro_batch_tokens)
+
+    def _add_entropy_change(self, rollouts: RolloutBatch, scores: TokenScores, logits_before: list) -> None:
+        """The update's entropy change on this step's tokens, realised and first-order (``telemetry``)."""
+        realised, first_order = same_batch_entropy_change(
+            self.policy, rollouts, logits_before, temperature=self.rollout.temperature,
+            chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
+        )  # fmt: skip
+        self.train_telemetry.add_entropy_change(
+            realised, first_order, rollouts.advantages, rollouts.response_mask, scores.phi
+        )
 
     def _more_prompts(self, count: int, attempt: int) -> list[dict]:
         return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)

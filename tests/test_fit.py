@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from stare_lightning.cli import compose, prepare_config
+from stare_lightning.metrics import QUADRANTS as QUADRANT_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +84,9 @@ DESIGN_NAMES = [
 def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, model_cache):
     from stare_lightning import train
 
-    cfg = compose_run(tmp_path, ["trainer.max_steps=3", "algorithm.stare.target_entropy=10.0"])
+    cfg = compose_run(
+        tmp_path, ["trainer.max_steps=3", "algorithm.stare.target_entropy=10.0", "telemetry.same_batch_entropy=true"]
+    )
     module, datamodule = train._setup(cfg)
     trainer = train.build_trainer(cfg)
     module.configure_model()
@@ -102,6 +105,10 @@ def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, mo
     steps = train_rows(rows)
     assert sorted(steps) == [0, 1, 2]
     assert all(steps[s]["train/stare/gate_on"] == 1.0 for s in steps)  # target 10 nats: the gate is always on
+    for row in steps.values():  # the update's entropy change on its own batch, and its first-order split
+        realised, first = row["train/entropy/realized_delta_same_batch"], row["train/entropy/first_order_delta"]
+        assert math.isfinite(realised) and realised != 0.0 and math.isfinite(first)
+        assert math.isfinite(sum(row[f"train/quadrant/first_order/{q}"] for q in QUADRANT_NAMES))
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 

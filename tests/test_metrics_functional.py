@@ -612,3 +612,33 @@ def test_step_bookkeeping_matches_naive_sums():
     counters.update(tokens=30, seconds=1.0, timeouts=0, errors=2, batches=1)
     want = {"rollout/tokens_per_s": 50.0, "generation_batches": 2.0, "verifier/timeouts": 1.0, "verifier/errors": 2.0}
     assert_values_close(counters.compute(), want)
+
+
+def test_same_batch_change_splits_the_first_order_change_by_exact_quadrant():
+    from stare_lightning.metrics import SameBatchEntropyChange
+
+    torch.manual_seed(3)
+    realised, first = torch.randn(4, 6), torch.randn(4, 6)
+    phi = torch.randn(4, 6)
+    advantages = torch.tensor([1.0, -0.5, 0.0, 2.0])
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    metric = SameBatchEntropyChange()
+    metric.update(realised[:2], first[:2], advantages[:2], mask[:2], phi[:2])  # two micro-batches
+    metric.update(realised[2:], first[2:], advantages[2:], mask[2:], phi[2:])
+    out = metric.compute()
+    n = mask.sum()
+    assert torch.isclose(out["entropy/realized_delta_same_batch"], (realised[mask].double().sum() / n))
+    assert torch.isclose(out["entropy/first_order_delta"], (first[mask].double().sum() / n))
+    adv = advantages[:, None].expand(4, 6)
+    expected = {
+        "pos_high": (adv > 0) & (phi > 0),
+        "pos_low": (adv > 0) & (phi <= 0),
+        "neg_high": (adv < 0) & (phi > 0),
+        "neg_low": (adv < 0) & (phi <= 0),
+    }
+    for quadrant, cell in expected.items():
+        value = first[cell & mask].double().sum() / n
+        assert torch.isclose(out[f"quadrant/first_order/{quadrant}"], value), quadrant
+    nonzero = mask & (adv != 0)  # the row with A = 0 is in no quadrant
+    assert torch.isclose(sum(out[f"quadrant/first_order/{q}"] for q in expected), first[nonzero].double().sum() / n)

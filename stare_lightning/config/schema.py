@@ -39,6 +39,16 @@ class ValidationConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    # After each update, a no-grad pass over the step's batch: the entropy change on the same tokens, realised
+    # and to first order (two extra forwards, and the step's response logits kept meanwhile).
+    same_batch_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        flag("telemetry.same_batch_entropy", self.same_batch_entropy)
+
+
+@dataclass
 class RunConfig:
     """The whole run. ``trainer``, ``callbacks`` and ``logger`` are ``_target_`` mappings."""
 
@@ -55,6 +65,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     trainer: Any = None
     callbacks: Any = None
     logger: Any = None

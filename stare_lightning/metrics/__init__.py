@@ -8,7 +8,7 @@ imported here, to keep matplotlib and pandas out of training imports).
 
 from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, MajorityAtN, PassAtK
 from stare_lightning.metrics.base import TelemetryMetric
-from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, TokenEntropy
+from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, SameBatchEntropyChange, TokenEntropy
 from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANT_DEFINITIONS, QUADRANTS
 from stare_lightning.metrics.step_stats import (
     ClipFraction,
@@ -38,6 +38,7 @@ __all__ = [
     "QUADRANTS",
     "QUADRANT_DEFINITIONS",
     "QuadrantMass",
+    "SameBatchEntropyChange",
     "ReflectionWords",
     "ResponseLength",
     "RewardStats",

@@ -19,6 +19,8 @@ from stare_lightning.metrics.functional import (
     _entropy_forecast_update,
     _quadrant_compute,
     _quadrant_update,
+    _same_batch_change_compute,
+    _same_batch_change_update,
     _token_entropy_compute,
     _token_entropy_update,
 )
@@ -73,6 +75,34 @@ class QuadrantMass(TelemetryMetric):
 
     def compute(self) -> dict[str, Tensor]:
         return _quadrant_compute(self.tokens, self.weight, self.dh, self.valid_count)
+
+
+class SameBatchEntropyChange(TelemetryMetric):
+    """The entropy change of the step's update measured on the step's own tokens (``algorithms.entropy_change``).
+
+    ``update(realised [B, T], first_order [B, T], advantages [B] or [B, T], mask [B, T], phi [B, T])``, with
+    Phi of the rollout policy. Keys: ``entropy/realized_delta_same_batch`` and ``entropy/first_order_delta``
+    (token means), ``quadrant/first_order/<quadrant>`` (each exact quadrant's first-order sum over all valid
+    tokens, so the four add up to the first-order delta when no token has A == 0).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sum_state("realised_sum")
+        self._sum_state("first_sum")
+        self._sum_state("quadrant_sums", (4,))
+        self._sum_state("valid_count", dtype=torch.int64)
+
+    def update(self, realised: Tensor, first_order: Tensor, advantages: Tensor, mask: Tensor, phi: Tensor) -> None:
+        realised_sum, first_sum, quadrant_sums, valid_count = _same_batch_change_update(
+            realised, first_order, advantages, mask, phi
+        )
+        self._accumulate(
+            realised_sum=realised_sum, first_sum=first_sum, quadrant_sums=quadrant_sums, valid_count=valid_count
+        )
+
+    def compute(self) -> dict[str, Tensor]:
+        return _same_batch_change_compute(self.realised_sum, self.first_sum, self.quadrant_sums, self.valid_count)
 
 
 class EntropyForecast(TelemetryMetric):

@@ -176,6 +176,32 @@ def _quadrant_compute(tokens: Tensor, weight: Tensor, dh: Tensor, valid_count: T
 # ----------------------------------------------------------------------------------- entropy forecast
 
 
+def _same_batch_change_update(
+    realised: Tensor, first_order: Tensor, advantages: Tensor, mask: Tensor, phi: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sums of the realised and first-order change over valid tokens, the first-order sum per exact quadrant
+    (sign(A) x sign(Phi); ``QUADRANTS`` order, A == 0 in none) and the valid count."""
+    valid = _valid_mask(mask, phi)
+    adv = _per_token(advantages, valid, "advantages")
+    first = first_order.to(_SUM)
+    high = phi > 0
+    cells = (adv > 0) & high, (adv > 0) & ~high, (adv < 0) & high, (adv < 0) & ~high
+    quadrants = torch.stack([_masked_sum(first, valid & cell) for cell in cells])
+    return _masked_sum(realised.to(_SUM), valid), _masked_sum(first, valid), quadrants, valid.sum()
+
+
+def _same_batch_change_compute(
+    realised_sum: Tensor, first_sum: Tensor, quadrant_sums: Tensor, valid_count: Tensor
+) -> dict[str, Tensor]:
+    out = {
+        "entropy/realized_delta_same_batch": _ratio(realised_sum, valid_count),
+        "entropy/first_order_delta": _ratio(first_sum, valid_count),
+    }
+    for index, quadrant in enumerate(QUADRANTS):
+        out[f"quadrant/first_order/{quadrant}"] = _ratio(quadrant_sums[index], valid_count)
+    return out
+
+
 def _entropy_forecast_update(
     predicted_history: Tensor,
     realized_history: Tensor,

@@ -213,28 +213,44 @@ def _plot_accuracy(ax, runs, colors, pattern: str, title: str) -> None:
 
 
 def _plot_forecast(ax, runs, colors, prefix: str, smooth: int) -> None:
+    """Entropy change per step: on the same batch (realised and first-order, one scale) where it was measured
+    (``telemetry.same_batch_entropy``), else next batch minus this one against the nominal-lr forecast, the
+    forecast on its own axis (its scale is nominal: only its sign and correlation carry information)."""
+    same_batch = any(_series(df, f"{prefix}entropy/first_order_delta") is not None for df in runs.values())
+    solid, dashed = (
+        ("realized_delta_same_batch", "first_order_delta") if same_batch else ("realized_delta", "predicted_delta")
+    )
+    dashed_ax = ax if same_batch else ax.twinx()
     drew = False
     for name, df in runs.items():
-        real = _series(df, f"{prefix}entropy/realized_delta", smooth)
-        pred = _series(df, f"{prefix}entropy/predicted_delta", smooth)
+        real = _series(df, f"{prefix}entropy/{solid}", smooth)
+        other = _series(df, f"{prefix}entropy/{dashed}", smooth)
         if real is not None:
             ax.plot(real.index, real.values, color=colors[name], label=f"{name} realised")
             drew = True
-        if pred is not None:
-            ax.plot(pred.index, pred.values, color=colors[name], linestyle="--", label=f"{name} predicted")
+        if other is not None:
+            label = f"{name} first order" if same_batch else f"{name} predicted (right axis)"
+            dashed_ax.plot(other.index, other.values, color=colors[name], linestyle="--", label=label)
             drew = True
     ax.axhline(0.0, color="black", linewidth=0.5)
-    corr = []
-    for name, df in runs.items():
-        s = _series(df, f"{prefix}entropy/forecast_corr")
-        if s is not None:
-            corr.append(f"{name}: {s.iloc[-1]:.2f}")
-    title = "entropy change: realised (solid) vs predicted (dashed)"
-    if corr:
-        title += "\ncorr " + ", ".join(corr)
+    if same_batch:
+        title = "entropy change of each update on its own batch:\nrealised (solid) vs first order (dashed)"
+    else:
+        title = "entropy change, next batch minus this one (solid)\nvs predicted at nominal lr (dashed, right axis)"
+        corr = [
+            f"{n}: {s.iloc[-1]:.2f}"
+            for n, df in runs.items()
+            if (s := _series(df, f"{prefix}entropy/forecast_corr")) is not None
+        ]
+        if corr:
+            title += "; corr " + ", ".join(corr)
     _finish(ax, title, drew)
     if drew:
-        ax.legend(fontsize=6)
+        handles, labels = ax.get_legend_handles_labels()
+        if dashed_ax is not ax:
+            more = dashed_ax.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        ax.legend(handles, labels, fontsize=6)
 
 
 def _plot_quadrants(ax, runs, definition: str, field: str, prefix: str, smooth: int) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, MajorityAtN, PassAtK
-from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, TokenEntropy
+from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, SameBatchEntropyChange, TokenEntropy
 from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANTS
 from stare_lightning.metrics.step_stats import (
     ClipFraction,
@@ -43,8 +43,12 @@ class TrainTelemetry(nn.Module):
     every STARE selection applied, then ``compute`` once.
     """
 
-    def __init__(self, reflection_words: Sequence[str] | None = None, forecast_window: int = 20) -> None:
+    def __init__(
+        self, reflection_words: Sequence[str] | None = None, forecast_window: int = 20, same_batch: bool = False
+    ) -> None:
         super().__init__()
+        # The same-batch entropy change (``add_entropy_change``) is measured only on request: it costs forwards.
+        self.same_batch = SameBatchEntropyChange() if same_batch else None
         self.entropy = TokenEntropy()
         self.quadrants = QuadrantMass()
         self.forecast = EntropyForecast(window=forecast_window)  # across steps: never reset
@@ -76,6 +80,7 @@ class TrainTelemetry(nn.Module):
             self.loss,
             self.grad_norm,
             self.rollout,
+            *([self.same_batch] if self.same_batch is not None else []),
         )
 
     def batch_entropy(self, entropy: Tensor, mask: Tensor) -> float:
@@ -95,6 +100,12 @@ class TrainTelemetry(nn.Module):
         """
         self.quadrants.update(advantages, mask, phi, omega, selected)
         self.selection.update(selected, advantages, mask)
+
+    def add_entropy_change(
+        self, realised: Tensor, first_order: Tensor, advantages: Tensor, mask: Tensor, phi: Tensor
+    ) -> None:
+        """The update's entropy change on the step's own tokens (needs ``same_batch=True``)."""
+        self.same_batch.update(realised, first_order, advantages, mask, phi)
 
     def add_micro_batch(self, stats: Mapping[str, Tensor]) -> None:
         """The sums ``policy_loss`` reports for one micro-batch (its share of the step loss included)."""

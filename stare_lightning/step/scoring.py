@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.nn.functional import pad
 
 from stare_lightning.algorithms import TokenStats, entropy_sensitivity, token_stats_from_logits
+from stare_lightning.algorithms.entropy_change import entropy_change
 from stare_lightning.step.batch import RolloutBatch, micro_batches
 
 
@@ -55,6 +56,18 @@ def response_token_stats(
     Only the logits that score response tokens are kept (``logits_to_keep``), which saves the
     ``[rows, prompt_width, vocab]`` block a plain forward would return.
     """
+    return token_stats_from_logits(
+        _response_logits(model, batch),
+        batch.response_ids,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        with_sensitivity=with_sensitivity,
+    )
+
+
+def _response_logits(model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+    """``[rows, response_width, vocab]``: the logits that score each response token."""
     output = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -62,15 +75,39 @@ def response_token_stats(
         use_cache=False,
         logits_to_keep=batch.response_width + 1,
     )
-    logits = output.logits[:, :-1]  # the logit at column c scores the token at column c + 1
-    return token_stats_from_logits(
-        logits,
-        batch.response_ids,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-        with_sensitivity=with_sensitivity,
-    )
+    return output.logits[:, :-1]  # the logit at column c scores the token at column c + 1
+
+
+@torch.no_grad()
+def response_logits(policy: torch.nn.Module, batch: RolloutBatch, *, micro_batch_tokens: int) -> list[Tensor]:
+    """The policy's response logits, one tensor per micro-batch of ``micro_batches(batch, ...)``, in eval mode."""
+    policy.eval()
+    logits = [_response_logits(policy, part) for part in micro_batches(batch, micro_batch_tokens)]
+    policy.train()
+    return logits
+
+
+@torch.no_grad()
+def same_batch_entropy_change(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    logits_before: list[Tensor],
+    *,
+    temperature: float,
+    chunk_size: int,
+    micro_batch_tokens: int,
+) -> tuple[Tensor, Tensor]:
+    """(realised, first-order) change ``[rows, response_width]`` of the policy's entropy on ``batch`` since
+    ``logits_before`` (``response_logits`` with the same ``micro_batch_tokens``); see ``entropy_change``."""
+    logits_after = response_logits(policy, batch, micro_batch_tokens=micro_batch_tokens)
+    parts = [
+        entropy_change(before, after, temperature=temperature, chunk_size=chunk_size)
+        for before, after in zip(logits_before, logits_after, strict=True)
+    ]
+    width = batch.response_width
+    realised = torch.cat([pad(r, (0, width - r.shape[1])) for r, _ in parts])
+    first_order = torch.cat([pad(f, (0, width - f.shape[1])) for _, f in parts])
+    return realised, first_order
 
 
 @torch.no_grad()
