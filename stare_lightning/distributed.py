@@ -6,6 +6,8 @@ rank or many. All ranks of the default process group must make the same calls in
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -41,6 +43,15 @@ def all_reduce(tensor: Tensor, op=dist.ReduceOp.SUM, device: torch.device | None
 def all_ranks_agree(flag: bool, device: torch.device | None = None) -> bool:
     """True only when ``flag`` is true on every rank."""
     return bool(all_reduce(torch.tensor(float(flag)), dist.ReduceOp.MIN, device) > 0)
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` on one process."""
+    if not is_distributed():
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def gather_variable_length(t: Tensor) -> Tensor:

@@ -153,7 +153,6 @@ class STAREModule(LightningModule):
         collection = collect(
             batch, self._rollout_engine(), self.verifiers, self.rollout.training_sampling(), self.algorithm,
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
-            all_ranks_agree=lambda stop: distributed.all_ranks_agree(stop, self.device),
         )  # fmt: skip
         rollouts = collection.batch.to(self.device)
         lr = self.lr_schedulers().get_last_lr()[0]

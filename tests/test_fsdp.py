@@ -23,13 +23,13 @@ from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
 pytestmark = pytest.mark.slow
 
-# Gate forced on (target entropy above any entropy here) so the selection shapes the loss; no dynamic
-# sampling, which filters each rank's groups on their own and so is not invariant to the sharding.
+# Gate forced on (target entropy above any entropy here) so the selection shapes the loss; dynamic sampling
+# on (stare_o1's default): it filters the global batch, so it too must not depend on the sharding.
 SAME_STEPS = [
     *FAST,
     "algorithm=stare_o1",
     "algorithm.stare.target_entropy=10.0",
-    "algorithm.dynamic_sampling=false",
+    "algorithm.dynamic_sampling=true",
     "trainer.precision=32-true",
     "validation.before_fit=false",
     "trainer.val_check_interval=100",

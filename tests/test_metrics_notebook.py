@@ -133,26 +133,51 @@ def shown_images(nb) -> list:
     return [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
 
 
-def test_committed_notebook_is_executed_with_its_figures():
+COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
+    "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
+    "smollm2_study.ipynb": (
+        "data/smollm2_study",
+        ["grpo_ds_seed0", "grpo_ds_seed1", "stare_o1_seed0", "stare_o1_seed1"],
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_committed_notebook_is_executed_with_its_figures(name):
     import nbformat
 
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(NOTEBOOK.parent / name, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code), "commit the notebook executed"
-    assert len(shown_images(nb)) == 3
+    assert len(shown_images(nb)) == COMMITTED[name][2]
 
 
 @pytest.mark.slow
-def test_notebook_runs_on_its_committed_summaries(tmp_path):
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_notebook_runs_on_its_committed_summaries(tmp_path, name):
+    import nbformat
+    from nbclient import NotebookClient
+
     from stare_lightning.metrics.plots import load_runs
 
-    committed = load_runs(NOTEBOOK.parent / "data" / "default_runs")
-    assert sorted(committed) == ["grpo_ds", "stare_o1"]
-    assert all(len(df) == 300 and df["train/entropy"].notna().all() for df in committed.values())
-    nb = execute_notebook(None, tmp_path)
+    data, expected_runs, figures = COMMITTED[name]
+    committed = load_runs(NOTEBOOK.parent / data)
+    assert set(expected_runs) <= set(committed)
+    assert all(df["train/entropy"].notna().all() for df in committed.values())
+    nb = nbformat.read(NOTEBOOK.parent / name, as_version=4)
+    for variable in ("STARE_RUN_DIRS", "STARE_STUDY_DIR"):
+        os.environ.pop(variable, None)
+    os.environ["STARE_FIGURE_DIR"] = str(tmp_path)
+    try:
+        NotebookClient(
+            nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+        ).execute()
+    finally:
+        os.environ.pop("STARE_FIGURE_DIR", None)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    assert len(shown_images(nb)) == 3
+    assert len(shown_images(nb)) == figures
 
 
 def test_summaries_of_a_sweep_keep_the_plotted_columns_and_name_runs(tmp_path):

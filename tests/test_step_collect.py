@@ -1,4 +1,4 @@
-"""Collection with a scripted engine: rewards, advantages and dynamic sampling's refill, budget and lockstep.
+"""Collection with a scripted engine: rewards, advantages, and dynamic sampling's refill, budget and global filter.
 
 The engine returns responses written in advance for each (generation batch, prompt), so every reward is
 known; verification runs in the real verifier pool ("exact" verifier: a response is correct when it reads
@@ -60,7 +60,7 @@ def pool():
         yield pool
 
 
-def _collect(pool, engine, items, more=None, agree=None, **alg):
+def _collect(pool, engine, items, more=None, **alg):
     cfg = AlgorithmConfig(**alg)
     return collect(
         items,
@@ -70,7 +70,6 @@ def _collect(pool, engine, items, more=None, agree=None, **alg):
         cfg,
         pad_token_id=0,
         more_prompts=more,
-        all_ranks_agree=agree,
         seed=7,
     )
 
@@ -132,26 +131,47 @@ def test_dynamic_sampling_stops_at_its_budget_and_keeps_the_last_batch(pool):
     assert got.batch.num_rows == 2 * N and torch.all(got.batch.advantages == 0)
 
 
-def test_ranks_generate_in_lockstep_until_all_agree(pool):
-    script = {(b, "a"): MIXED for b in range(3)}
-    engine = ScriptedEngine(script)
-    votes = []
+# Batch 0 gives rank 0 two groups with signal and rank 1 none; the refill then has more than is needed.
+GLOBAL_SCRIPT = {
+    (0, "a"): MIXED,
+    (0, "b"): MIXED,
+    (0, "c"): ALL_WRONG,
+    (0, "d"): ALL_WRONG,
+    (1, "e"): ALL_RIGHT,
+    (1, "f"): ["no", "yes", "no", "no"],
+    (1, "g"): ["yes", "yes", "no", "yes"],
+    (1, "h"): MIXED,
+}
 
-    def agree(stop):  # another rank needs two more batches
-        votes.append(stop)
-        return len(votes) >= 3
 
-    got = _collect(
-        pool,
-        engine,
-        [_item("a")],
-        more=lambda count, attempt: [_item("a")],
-        agree=agree,
-        dynamic_sampling=True,
-        max_generation_batches=10,
-    )
-    assert votes == [True, True, True] and len(engine.calls) == 3
-    assert got.batch.num_rows == N  # this rank was done after the first batch: the extra groups are dropped
+def collect_share(rank: int, world: int) -> tuple[list[str], list[str], list[float]]:
+    """Rank ``rank`` of ``world`` collects its share of the global batch a b c d (refill e f g h)."""
+    first, refill = "abcd", "efgh"
+    share = len(first) // world
+    with VerifierPool() as pool:
+        got = _collect(
+            pool,
+            ScriptedEngine(GLOBAL_SCRIPT),
+            [_item(x) for x in first[rank * share : (rank + 1) * share]],
+            more=lambda count, attempt: [_item(x) for x in refill[rank * count : (rank + 1) * count]],
+            dynamic_sampling=True,
+            max_generation_batches=5,
+        )
+    return [item["id"] for item in got.items], got.texts, got.batch.advantages.tolist()
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_filters_the_global_batch(tmp_path):
+    """Two gloo ranks keep, between them, exactly the groups one process keeps, in the same order and dealt
+    back evenly; filtering each rank on its own would keep a b g h (rank 1 refilling on its own)."""
+    from tests.distributed import run_on_ranks
+
+    one_ids, one_texts, one_advantages = collect_share(0, 1)
+    assert one_ids == ["a", "b", "f", "g"]
+    ranks = run_on_ranks(collect_share, tmp_path)
+    assert [ranks[r][0] for r in (0, 1)] == [["a", "b"], ["f", "g"]]
+    assert ranks[0][1] + ranks[1][1] == one_texts
+    assert ranks[0][2] + ranks[1][2] == pytest.approx(one_advantages)
 
 
 def test_seeds_follow_the_prompt_and_the_generation_batch_not_the_position(pool):

@@ -1,20 +1,24 @@
 """Collection: roll out, verify, shape rewards, compute group advantages, and filter groups (dynamic sampling).
 
 Dynamic sampling (DAPO, Yu et al. 2025) drops groups whose rewards all agree, since their advantages
-are zero and they only dilute the token-mean. Departure from DAPO: generation stops after
-``max_generation_batches`` batches even if fewer than ``prompts_per_step`` groups survived, and if
-none survived the last batch is kept unfiltered (its zero advantages give zero gradient), so every
-rank always has rows to run through the collectives of the update.
+are zero and they only dilute the token-mean. It filters the global batch, as verl does: each rank generates
+its share of every generation batch, the ranks exchange which groups survived, the first surviving groups of
+the global batch (in global prompt order) are kept until the step has its global number of groups, and the
+kept groups are then dealt back to the ranks in near-equal contiguous shares. The step's batch is therefore
+the same for any number of ranks. Departure from DAPO: generation stops after ``max_generation_batches``
+batches even if fewer groups survived, and if none survived each rank keeps its last batch unfiltered (its
+zero advantages give zero gradient), so every rank always has rows for the collectives of the update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from stare_lightning import distributed
 from stare_lightning.algorithms import AlgorithmConfig, compute_advantages, overlong_penalty, zero_variance_groups
 from stare_lightning.rewards.pool import ScoreResult, VerifierPool
 from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams, prompt_seeds
@@ -118,21 +122,19 @@ def collect(
     *,
     pad_token_id: int,
     more_prompts: Callable[[int, int], list[dict]] | None = None,
-    all_ranks_agree: Callable[[bool], bool] | None = None,
     seed: int = 0,
 ) -> Collection:
-    """Generate, score and (with dynamic sampling) filter until ``len(items)`` groups carry signal.
+    """Generate, score and (with dynamic sampling) filter until the global batch has its groups with signal.
 
-    Each prompt's samples are seeded from ``seed``, the generation batch and its record id, never from
-    its rank or its position: without dynamic sampling (which filters each rank's groups on their own),
-    a run over several ranks collects exactly what a one-rank run on the same global batch collects.
-    ``more_prompts(count, attempt)`` supplies the prompts of the next generation batch.
-    ``all_ranks_agree(stop)`` is true only when every rank wants to stop: ranks keep generating in
-    lockstep (a done rank's extra groups are discarded), since sharded generation is collective.
+    Each prompt's samples are seeded from ``seed``, the generation batch and its record id, never from its
+    rank or its position, so a run over several ranks collects exactly what a one-rank run on the same
+    global batch collects, with or without dynamic sampling. ``more_prompts(count, attempt)`` supplies this
+    rank's prompts of the next generation batch. Every rank must call this at once (the decisions are global).
     """
-    target_groups = len(items)
+    rank = distributed.rank()
+    target = sum(distributed.all_gather_objects(len(items)))
     stats = CollectionStats()
-    kept: list[tuple[ScoredGroups, Tensor]] = []  # a generation batch and the ids of its groups kept
+    kept: list[tuple[int, ScoredGroups, list[int]]] = []  # generation batch number, its groups, those kept here
     have = 0
     batch_items = items
     while True:
@@ -143,39 +145,82 @@ def collect(
         scored = score_rollouts(batch_items, rollouts, pool, cfg, params.max_new_tokens)
         zero_std = zero_variance_groups(scored.rewards)
         stats.add(scored, zero_std)
-        keep = ~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)
-        keep_ids = keep.nonzero().flatten()[: target_groups - have]
-        if keep_ids.numel():
-            kept.append((scored, keep_ids))
-        have += int(keep_ids.numel())
-        stop = have >= target_groups or not cfg.dynamic_sampling
-        stop = stop or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None
-        if all_ranks_agree is not None:
-            stop = all_ranks_agree(stop)
-        if stop:
+        survives = (~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)).tolist()
+        flags = distributed.all_gather_objects(survives)  # every rank's groups, in global prompt order
+        offset = sum(len(f) for f in flags[:rank])
+        chosen = [i for i, ok in enumerate(f for rank_flags in flags for f in rank_flags) if ok][: target - have]
+        mine = [i - offset for i in chosen if offset <= i < offset + len(survives)]
+        if mine:
+            kept.append((stats.generation_batches, scored, mine))
+        have += len(chosen)
+        stop = have >= target or not cfg.dynamic_sampling
+        if stop or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
             break
-        batch_items = more_prompts(target_groups, stats.generation_batches)
-    if not kept:  # nothing carried signal: keep the last batch so this rank still takes part in the update
-        kept = [(scored, torch.arange(scored.rewards.shape[0]))]
-    return _kept_collection(kept, stats, params.n, cfg, pad_token_id)
+        batch_items = more_prompts(len(items), stats.generation_batches)
+    if have == 0:  # nothing carried signal: keep the last batch so this rank still takes part in the update
+        return _kept_collection([(scored, None)], stats, params.n, cfg, pad_token_id)
+    if not (cfg.dynamic_sampling and distributed.is_distributed()):
+        return _kept_collection([(scored, groups) for _, scored, groups in kept], stats, params.n, cfg, pad_token_id)
+    share = _dealt_share(kept, rank)
+    # Fewer kept groups than ranks (rare): a rank left without one trains on its last batch at zero advantage.
+    last = share if share.items else replace(scored, rewards=torch.zeros_like(scored.rewards))
+    return _kept_collection([(last, None)], stats, params.n, cfg, pad_token_id)
+
+
+_ROLLOUT_FIELDS = ("prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons")
+
+
+def _group_data(scored: ScoredGroups, group: int) -> dict:
+    """One kept group as plain data, to travel between ranks."""
+    rows = range(group * scored.rollouts.n, (group + 1) * scored.rollouts.n)
+    return {
+        "item": scored.items[group],
+        **{name: [getattr(scored.rollouts, name)[r] for r in rows] for name in _ROLLOUT_FIELDS},
+        "correct": scored.correct[group].tolist(),
+        "rewards": scored.rewards[group].tolist(),
+    }
+
+
+def _dealt_share(kept: list[tuple[int, ScoredGroups, list[int]]], rank: int) -> ScoredGroups:
+    """This rank's near-equal contiguous share of all ranks' kept groups, taken in global order: generation
+    batch first, then rank (each rank's prompts are the next slice of the global batch), then position."""
+    mine = [(batch, _group_data(scored, g)) for batch, scored, groups in kept for g in groups]
+    everyone = distributed.all_gather_objects(mine)
+    tagged = [(batch, r, i, group) for r, groups in enumerate(everyone) for i, (batch, group) in enumerate(groups)]
+    groups = [group for *_, group in sorted(tagged, key=lambda t: t[:3])]
+    world, n = len(everyone), len(groups[0]["texts"])
+    sizes = [len(groups) // world + (r < len(groups) % world) for r in range(world)]
+    share = groups[sum(sizes[:rank]) : sum(sizes[: rank + 1])]
+    rollouts = Rollouts(**{name: [x for g in share for x in g[name]] for name in _ROLLOUT_FIELDS}, n=n)
+    return ScoredGroups(
+        [g["item"] for g in share],
+        rollouts,
+        torch.tensor([g["correct"] for g in share], dtype=torch.float32).view(-1, n),
+        torch.tensor([g["rewards"] for g in share], dtype=torch.float32).view(-1, n),
+    )
 
 
 def _kept_collection(
-    kept: list[tuple[ScoredGroups, Tensor]], stats: CollectionStats, n: int, cfg: AlgorithmConfig, pad_token_id: int
+    kept: list[tuple[ScoredGroups, list[int] | None]],
+    stats: CollectionStats,
+    n: int,
+    cfg: AlgorithmConfig,
+    pad_token_id: int,
 ) -> Collection:
-    """Concatenate the kept groups of every generation batch and compute their advantages."""
-    rows = [[int(g) * n + j for g in group_ids.tolist() for j in range(n)] for _, group_ids in kept]
+    """Concatenate the kept groups (None: all of a batch's groups) and compute their advantages."""
+    kept = [(scored, list(range(len(scored.items))) if groups is None else groups) for scored, groups in kept]
+    rows = [[g * n + j for g in groups for j in range(n)] for _, groups in kept]
     rollouts = Rollouts(
         **{
             name: [getattr(scored.rollouts, name)[i] for (scored, _), keep in zip(kept, rows) for i in keep]
-            for name in ("prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons")
+            for name in _ROLLOUT_FIELDS
         },
         n=n,
     )
-    rewards = torch.cat([scored.rewards[g] for scored, g in kept])
-    correct = torch.cat([scored.correct[g] for scored, g in kept])
+    rewards = torch.cat([scored.rewards[groups] for scored, groups in kept])
+    correct = torch.cat([scored.correct[groups] for scored, groups in kept])
     advantages = compute_advantages(rewards, estimator=cfg.advantage, eps=cfg.adv_eps)
     batch = build_rollout_batch(rollouts, rewards.flatten(), advantages.flatten(), pad_token_id=pad_token_id)
-    items = [scored.items[i] for scored, g in kept for i in g.tolist()]
+    items = [scored.items[i] for scored, groups in kept for i in groups]
     truncated = torch.tensor([reason == "length" for reason in rollouts.finish_reasons], dtype=torch.bool)
     return Collection(batch=batch, items=items, texts=rollouts.texts, truncated=truncated, correct=correct, stats=stats)
