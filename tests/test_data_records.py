@@ -193,7 +193,7 @@ def test_unknown_verifier_lists_the_known_ones(tmp_path):
         load_records(path)
     message = str(info.value)
     assert "v.jsonl, line 2: key 'verifier'" in message and "'mathh'" in message
-    assert "countdown, exact, math, numeric" in message
+    assert "countdown, exact, last_number, math, numeric" in message
 
 
 def test_missing_verifier_without_default(tmp_path):

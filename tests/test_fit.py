@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import signal
@@ -113,12 +114,23 @@ def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, mo
 
 
 def test_killed_run_resumes_exactly(tmp_path, model_cache):
-    common = FAST + [
-        "trainer.max_steps=4",
-        "callbacks.model_checkpoint.every_n_train_steps=2",
-        "trainer.val_check_interval=100",
-        "validation.before_fit=false",
+    # The adaptive schedule with the gate always open moves W every step: the controller's state must resume.
+    adaptive = [
+        "algorithm.stare.adaptive=true",
+        "algorithm.stare.w=1.1",
+        "algorithm.stare.target_entropy=10.0",
+        "algorithm.stare.alpha=0.1",
     ]
+    common = (
+        FAST
+        + adaptive
+        + [
+            "trainer.max_steps=4",
+            "callbacks.model_checkpoint.every_n_train_steps=2",
+            "trainer.val_check_interval=100",
+            "validation.before_fit=false",
+        ]
+    )
     straight = tmp_path / "straight"
     proc = run_cli(["fit", f"output_dir={straight}", *common], model_cache)
     out, _ = proc.communicate(timeout=600)
@@ -153,6 +165,7 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
         for key in keys:
             a, b = expected[step][key], got[step][key]
             assert (math.isnan(a) and math.isnan(b)) or a == b, f"step {step} {key}: {a} != {b}"
+    assert [round(expected[step]["train/stare/w"], 6) for step in range(4)] == [1.1, 1.2, 1.3, 1.4]
 
     # `validate` evaluates the finished checkpoint.
     evaluated = tmp_path / "validate"
@@ -196,9 +209,9 @@ def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cach
     calls = []
 
     def poisoned_once(*args, **kwargs):
-        loss, *rest = micro_batch_loss(*args, **kwargs)
+        result = micro_batch_loss(*args, **kwargs)
         calls.append(None)
-        return (loss * float("nan") if len(calls) == 1 else loss, *rest)
+        return dataclasses.replace(result, loss=result.loss * float("nan")) if len(calls) == 1 else result
 
     micro_batch_loss = module_file.micro_batch_loss
     monkeypatch.setattr(module_file, "micro_batch_loss", poisoned_once)
@@ -232,24 +245,27 @@ def test_malformed_data_fails_before_any_model_is_prepared(tmp_path):
 
 
 def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache):
-    """GRPO-ds and STARE-O1 for a few steps, then the notebook and the comparison plot on their real logs."""
+    """A `-m` sweep of GRPO-ds and STARE-O1 for a few steps, then the notebook and the comparison plot on its logs."""
     from stare_lightning.compare import compare
     from tests.test_metrics_notebook import execute_notebook
 
-    runs = []
-    for index, algorithm in enumerate(("grpo_ds", "stare_o1")):
-        run = tmp_path / "sweep" / f"{index}_{algorithm}"
-        proc = run_cli(
-            ["fit", f"output_dir={run}", *FAST, f"algorithm={algorithm}", "trainer.max_steps=3"], model_cache
-        )
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-3000:]
-        runs.append(run / "logs")
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        ["fit", "-m", f"hydra.sweep.dir={sweep}", *FAST, "algorithm=grpo_ds,stare_o1", "trainer.max_steps=3"],
+        model_cache,
+    )  # one Hydra multirun: a job directory per algorithm
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name.split("_", 1)[0] for p in jobs] == ["0", "1"]
+    assert "algorithm=grpo_ds" in jobs[0].name and "algorithm=stare_o1" in jobs[1].name
+    runs = [job / "logs" for job in jobs]
+    assert all(len(train_rows(read_metrics(job))) == 3 for job in jobs)
     nb = execute_notebook(runs, tmp_path / "figures")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors
     assert len(list((tmp_path / "figures").glob("*.png"))) == 3
-    png = compare(tmp_path / "sweep")
+    png = compare(sweep)
     assert png.is_file() and png.stat().st_size > 10_000
 
 
