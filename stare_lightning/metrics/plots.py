@@ -109,7 +109,8 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[st
 
 # Columns the figures read; a summary keeps these only (pooled validation metrics, not per benchmark).
 _PLOTTED = re.compile(
-    r"(train/(entropy(/.*)?|stare/gate_on|reward/mean|response_length/mean|distinct_correct|quadrant/.*|reflection/.*)"
+    r"(train/(entropy(/.*)?|stare/(gate_on|w)|reward/mean|response_length/mean|distinct_correct|quadrant/.*|"
+    r"reflection/.*|frac_zero_std_groups|time/step_s|memory/.*)"
     r"|val/(avg@\w+|pass@\w+|distinct_correct|reflection/per_response))"
 )
 
