@@ -85,7 +85,11 @@ def verify_numeric(response: str, answer: str, metadata: dict) -> float:
     gold = parse_number(str(answer))
     if gold is None:
         raise ValueError(f"numeric verifier: reference answer {answer!r} is not a number")
-    pred = parse_number(_candidate(response))
+    return _score(parse_number(_candidate(response)), gold, metadata)
+
+
+def _score(pred: Number | None, gold: Number, metadata: dict) -> float:
+    """1.0 when ``pred`` matches ``gold`` within the record's tolerances (``rel_tol``, ``abs_tol``)."""
     if pred is None:
         return 0.0
     rel_tol = float(metadata.get("rel_tol", 1e-6))
@@ -102,12 +106,7 @@ def verify_last_number(response: str, answer: str, metadata: dict) -> float:
     if gold is None:
         raise ValueError(f"last_number verifier: reference answer {answer!r} is not a number")
     found = _LAST_NUMBER.findall(response[-4096:])
-    pred = parse_number(found[-1].rstrip(",")) if found else None
-    if pred is None:
-        return 0.0
-    rel_tol = float(metadata.get("rel_tol", 1e-6))
-    abs_tol = float(metadata.get("abs_tol", 1e-9))
-    return 1.0 if numbers_match(pred, gold, rel_tol, abs_tol) else 0.0
+    return _score(parse_number(found[-1].rstrip(",")) if found else None, gold, metadata)
 
 
 def check_numeric_record(answer: str, metadata: dict) -> None:
