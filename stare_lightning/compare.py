@@ -1,25 +1,146 @@
-"""``python -m stare_lightning.compare <sweep dir>``: one PNG comparing the runs of a sweep.
+"""``python -m stare_lightning.compare <runs> [--table CSV] [--baseline ARM]``: seed statistics and one PNG.
 
-Three panels: training entropy, distinct correct answers per prompt (training, smoothed) and validation
-accuracy, one line per run, named by the run's algorithm (and seed when several seeds are present).
+A directory of runs (a Hydra ``-m`` sweep, several sweeps side by side, or the small summaries committed
+beside a notebook) is read as arms x seeds. A run's arm is its algorithm's name, prefixed by the sweep folder
+it sits in when the directory holds several sweeps. For every arm and outcome the table gives the mean and
+sample standard deviation over seeds, and against the baseline arm (GRPO-ds when present) the mean of the
+paired differences (same seed, same prompts) with its 95% Student-t interval. Outcomes:
+- ``entropy``, ``distinct_correct``: training means over the last ``tail`` logged steps;
+- ``val_avg@n``, ``val_pass@<k>``: the last validation.
+The PNG draws training entropy, distinct correct answers (smoothed) and validation accuracy, one line per run.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+__all__ = ["Run", "compare", "find_runs", "run_outcomes", "seed_statistics"]
 
-def _label(job_dir: Path) -> str:
-    hparams = job_dir / "logs" / "hparams.yaml"
-    logged = (yaml.safe_load(hparams.read_text()) or {}) if hparams.is_file() else {}
-    algorithm = logged.get("algorithm", {}).get("name", job_dir.name)
-    return f"{algorithm} (seed {logged.get('seed', '?')})"
+# Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 30.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+         2.042)  # fmt: skip
+DEFAULT_BASELINE = "grpo_ds"
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    seed: int
+    logs: Path  # the folder holding metrics.csv and hparams.yaml
+
+
+def t_quantile_975(dof: int) -> float:
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (>= 1)."""
+    if dof < 1:
+        raise ValueError(f"dof={dof} is out of range: a t interval needs at least 2 values (dof >= 1)")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    """Every run under ``root`` (a ``metrics.csv`` beside a ``hparams.yaml``) with its arm and seed."""
+    root = Path(root)
+    found = []
+    for metrics in sorted(root.rglob("metrics.csv")):
+        logs = metrics.parent
+        hparams = yaml.safe_load((logs / "hparams.yaml").read_text()) if (logs / "hparams.yaml").is_file() else {}
+        job = logs.parent if logs.name == "logs" else logs  # a fit's job folder, or a summary's folder
+        algorithm = (hparams or {}).get("algorithm", {}).get("name") or job.name
+        found.append((job.parent.relative_to(root).parts, algorithm, int((hparams or {}).get("seed", 0)), logs))
+    if not found:
+        raise FileNotFoundError(f"no runs (metrics.csv with hparams.yaml) under {root}")
+    several_sweeps = len({sweep for sweep, *_ in found}) > 1
+    return [
+        Run("/".join([*sweep, algorithm]) if several_sweeps else algorithm, seed, logs)
+        for sweep, algorithm, seed, logs in found
+    ]
+
+
+def run_outcomes(logs: Path, tail: int = 50) -> dict[str, float]:
+    """The outcomes of one run (module docstring); an outcome its logs lack is left out."""
+    from stare_lightning.metrics.plots import load_run
+
+    frame = load_run(logs)
+    outcomes = {}
+    for column, name in (("train/entropy", "entropy"), ("train/distinct_correct", "distinct_correct")):
+        if column in frame:
+            outcomes[name] = float(frame[column].dropna().tail(tail).mean())
+    for column in sorted(c for c in frame.columns if c == "val/avg@n" or c.startswith("val/pass@")):
+        values = frame[column].dropna()
+        if not values.empty:
+            outcomes[column.replace("/", "_")] = float(values.iloc[-1])
+    return outcomes
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else math.nan
+    return mean, sd
+
+
+def seed_statistics(runs: list[Run], baseline: str | None = None, tail: int = 50):
+    """One row per (arm, outcome): seeds, mean, sd, and the paired difference to ``baseline`` with its 95% interval.
+
+    ``baseline``: an arm name, or the one ending in ``grpo_ds`` when None (no paired columns without one).
+    Pairs are the seeds both arms ran; the interval needs two of them.
+    """
+    import pandas as pd
+
+    outcomes = {(run.arm, run.seed): run_outcomes(run.logs, tail) for run in runs}
+    arms = sorted({run.arm for run in runs})
+    if baseline is None:
+        baseline = next((arm for arm in arms if arm.split("/")[-1] == DEFAULT_BASELINE), None)
+    elif baseline not in arms:
+        raise ValueError(f"baseline={baseline!r} is not one of the arms found: {arms}")
+    rows = []
+    for arm in arms:
+        seeds = sorted(seed for a, seed in outcomes if a == arm)
+        names = sorted({name for seed in seeds for name in outcomes[arm, seed]})
+        for name in names:
+            values = [outcomes[arm, seed][name] for seed in seeds if name in outcomes[arm, seed]]
+            mean, sd = _mean_sd(values)
+            row = {"arm": arm, "outcome": name, "seeds": len(values), "mean": mean, "sd": sd}
+            if baseline is not None and arm != baseline:
+                row.update(_paired(outcomes, arm, baseline, name))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _paired(outcomes: dict, arm: str, baseline: str, name: str) -> dict[str, float]:
+    seeds = sorted(
+        s for a, s in outcomes if a == arm and name in outcomes[arm, s] and name in outcomes.get((baseline, s), {})
+    )
+    diffs = [outcomes[arm, s][name] - outcomes[baseline, s][name] for s in seeds]
+    if len(diffs) < 2:
+        return {"pairs": len(diffs), "diff": diffs[0] if diffs else math.nan, "diff_lo": math.nan, "diff_hi": math.nan}
+    mean, sd = _mean_sd(diffs)
+    half = t_quantile_975(len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    return {"pairs": len(diffs), "diff": mean, "diff_lo": mean - half, "diff_hi": mean + half}
+
+
+def markdown_table(stats) -> str:
+    """``mean +- sd`` per arm and outcome, and the paired difference ``d [lo, hi]`` where there is one."""
+    lines = [
+        "| arm | outcome | seeds | mean +- sd | paired difference to baseline [95% interval] |",
+        "|---|---|---|---|---|",
+    ]
+    for row in stats.to_dict("records"):
+        diff = row.get("diff")
+        paired = "" if diff is None or math.isnan(diff) else f"{diff:+.3f}"
+        if paired and not math.isnan(row.get("diff_lo", math.nan)):
+            paired += f" [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]"
+        spread = f"{row['mean']:.3f} +- {row['sd']:.3f}"
+        lines.append(f"| {row['arm']} | {row['outcome']} | {row['seeds']} | {spread} | {paired} |")
+    return "\n".join(lines)
 
 
 def compare(sweep_dir: str | Path, out_png: str | Path | None = None, smooth: int = 10) -> Path:
+    """One PNG of every run under ``sweep_dir``: entropy, distinct correct answers and validation accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,9 +149,7 @@ def compare(sweep_dir: str | Path, out_png: str | Path | None = None, smooth: in
     from stare_lightning.metrics.plots import load_run
 
     sweep_dir = Path(sweep_dir)
-    jobs = sorted(p.parent.parent for p in sweep_dir.glob("*/logs/metrics.csv"))
-    if not jobs:
-        raise FileNotFoundError(f"no runs (*/logs/metrics.csv) under {sweep_dir}")
+    runs = find_runs(sweep_dir)
     figure = Figure(figsize=(15, 4.2), layout="constrained")
     axes = figure.subplots(1, 3)
     panels = [
@@ -38,29 +157,41 @@ def compare(sweep_dir: str | Path, out_png: str | Path | None = None, smooth: in
         ("train/distinct_correct", f"distinct correct per prompt (train, {smooth}-step mean)", smooth),
         ("val/avg@n", "validation accuracy (avg@n)", 1),
     ]
-    for job in jobs:
-        frame, label = load_run(job / "logs"), _label(job)
+    for run in runs:
+        frame = load_run(run.logs)
         for ax, (column, title, window) in zip(axes, panels):
             if column in frame:
                 series = frame[column].dropna()
                 ax.plot(
                     series.index,
                     series.rolling(window, min_periods=1).mean(),
-                    label=label,
+                    label=f"{run.arm} (seed {run.seed})",
                     marker="o" if column.startswith("val/") else None,
                 )
             ax.set_title(title)
             ax.set_xlabel("step")
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     out = Path(out_png) if out_png else sweep_dir / "comparison.png"
     figure.savefig(out, dpi=110)
     return out
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m stare_lightning.compare <sweep directory>")
-    print(f"comparison: {compare(sys.argv[1])}")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stare_lightning.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", help="a sweep directory, a folder of sweeps, or a folder of run summaries")
+    parser.add_argument("--table", help="also write the seed statistics to this CSV file")
+    parser.add_argument(
+        "--baseline", help=f"the arm the paired differences are taken to (default: *{DEFAULT_BASELINE})"
+    )
+    parser.add_argument("--tail", type=int, default=50, help="training outcomes: mean over this many last steps")
+    args = parser.parse_args(argv)
+    stats = seed_statistics(find_runs(args.runs), args.baseline, args.tail)
+    print(markdown_table(stats))
+    if args.table:
+        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+        stats.to_csv(args.table, index=False, float_format="%.6g")
+        print(f"table: {args.table}")
+    print(f"comparison: {compare(args.runs)}")
 
 
 if __name__ == "__main__":

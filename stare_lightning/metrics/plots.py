@@ -2,9 +2,8 @@
 
 Not from the paper; the panels follow the telemetry of docs/method.md, section 5: entropy, predicted vs
 realised entropy change, quadrant mass (token share, weight share, dH), reflection words, and accuracy
-(val avg@n, val pass@k). Works on whatever subset of columns a run logged; a missing metric leaves its
-panel marked "not logged". Uses matplotlib's object API (no pyplot state), so it runs headless and can be
-called right after a fit.
+(val avg@n, val pass@k). Works on whatever subset of columns a run logged (a missing metric leaves its panel
+marked "not logged"). matplotlib's object API (no pyplot state): headless, callable right after a fit.
 """
 
 from __future__ import annotations
@@ -117,15 +116,18 @@ _PLOTTED = re.compile(
 
 def write_summary(run_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None) -> Path:
     """A small copy of a run for committing beside a notebook: one row per step, the plotted columns only,
-    values to 6 significant digits, and ``hparams.yaml`` holding the run's name. Returns ``out_dir``."""
+    values to 6 significant digits, and ``hparams.yaml`` holding the run's name, seed and algorithm settings
+    (what ``stare_lightning.compare`` groups runs by). Returns ``out_dir``."""
     import yaml
 
     df = load_run(run_dir)
+    logged = yaml.safe_load(hparams.read_text()) if (hparams := Path(run_dir) / "hparams.yaml").is_file() else {}
+    kept = {key: logged[key] for key in ("seed", "algorithm") if key in (logged or {})}
     keep = [c for c in df.columns if _PLOTTED.fullmatch(c) and df[c].notna().any()]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     df[keep].to_csv(out_dir / METRICS_FILE, float_format="%.6g")
-    (out_dir / "hparams.yaml").write_text(yaml.safe_dump({"run_name": name or df.attrs["name"]}))
+    (out_dir / "hparams.yaml").write_text(yaml.safe_dump({"run_name": name or df.attrs["name"], **kept}))
     return out_dir
 
 
