@@ -43,7 +43,7 @@ from stare_lightning.rollout.factory import SyncedEngine
 from stare_lightning.step import Experience, RolloutBatch, TokenScores, micro_batch_loss, micro_batches
 from stare_lightning.step.batch import mini_batch_rows
 from stare_lightning.step.collect import collect, verify
-from stare_lightning.step.loss import step_normalizer
+from stare_lightning.step.loss import gate_entropy, step_normalizer
 from stare_lightning.step.scoring import response_logits, same_batch_entropy_change, score_batch
 from stare_lightning.trainer.config import OptimConfig
 from stare_lightning.trainer.cpu_threads import share_cores
@@ -197,11 +197,19 @@ class STAREModule(LightningModule):
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
     def _gate(self, scores: TokenScores, rollouts: RolloutBatch) -> tuple[float, StepParams]:
-        """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step."""
+        """H_k over all ranks (token mean); then the adaptive entropy coefficient and STARE's controller take
+        their step, STARE's on H_k aggregated as ``algorithm.gate_aggregation()`` says."""
         entropy = self.train_telemetry.batch_entropy(scores.entropy, rollouts.response_mask)
         if self.entropy_coefficient is not None:
             self.entropy_coefficient.update(entropy)
-        return entropy, self.controller.update(entropy) if self.controller is not None else GRPO_PARAMS
+        if self.controller is None:
+            return entropy, GRPO_PARAMS
+        gate_value = entropy
+        if self.algorithm.gate_aggregation() != "token-mean":
+            gate_value = gate_entropy(
+                scores.entropy, rollouts, self.algorithm, max_response_length=self.rollout.max_new_tokens
+            )
+        return entropy, self.controller.update(gate_value)
 
     def _select(self, scores: TokenScores, rollouts: RolloutBatch, params: StepParams):
         """STARE's selection over the step's batch: (omega for the loss or None, the selected tokens)."""

@@ -179,3 +179,25 @@ def test_shipped_algorithm_configs_validate():
             cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), composed.algorithm)
             obj = OmegaConf.to_object(cfg)
             assert isinstance(obj, AlgorithmConfig) and obj.name == path.stem, path
+
+
+def test_official_semantics_refuse_what_the_reference_code_does_not_do():
+    stare = dict(enabled=True, scope="micro_batch", surprisal_source="current")
+    AlgorithmConfig(semantics="official", stare=STAREConfig(**stare))
+    with pytest.raises(ValueError, match="semantics=official selects inside each micro-batch.*got scope=step"):
+        AlgorithmConfig(semantics="official", stare=STAREConfig(**{**stare, "scope": "step"}))
+    with pytest.raises(ValueError, match="got scope=micro_batch, surprisal_source=old"):
+        AlgorithmConfig(semantics="official", stare=STAREConfig(**{**stare, "surprisal_source": "old"}))
+    with pytest.raises(ValueError, match="stare.timing=same_step"):
+        AlgorithmConfig(semantics="official", stare=STAREConfig(**stare, adaptive=True))
+    with pytest.raises(ValueError, match="semantics='exact'"):
+        AlgorithmConfig(semantics="exact")
+    with pytest.raises(ValueError, match="generation_batch_multiplier=3 does nothing without dynamic sampling"):
+        AlgorithmConfig(generation_batch_multiplier=3)
+    assert (
+        AlgorithmConfig(semantics="official", loss_agg="seq-mean-token-mean").gate_aggregation()
+        == "seq-mean-token-mean"
+    )
+    assert AlgorithmConfig(loss_agg="seq-mean-token-mean").gate_aggregation() == "token-mean"
+    assert AlgorithmConfig(semantics="official").detaches_old_logprobs()
+    assert not AlgorithmConfig(semantics="official", ppo_epochs=2).detaches_old_logprobs()

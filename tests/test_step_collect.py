@@ -189,3 +189,51 @@ def test_overlong_shaping_changes_rewards_not_correctness(pool):
     assert got.correct.tolist() == [[1.0, 1.0, 0.0, 0.0]]
     assert got.batch.rewards.tolist() == [0.0, 1.0, 0.0, 0.0]  # 10 tokens: past the limit of 8, penalty -1
     assert got.truncated.tolist() == [True, False, False, False]
+
+
+def test_official_semantics_filter_on_accuracy_not_on_the_shaped_reward(pool):
+    """A group all correct whose overlong penalty spreads its rewards: the project keeps it (its advantages are
+    not zero), the official semantics drop it (its accuracy does not vary) and refill."""
+    long_yes = "yes" + " " * 7  # past max_new_tokens - buffer: penalised
+    script = {(0, "a"): [long_yes, "yes", "yes", "yes"], (1, "b"): MIXED}
+    more = lambda count, attempt: [_item("b")]  # noqa: E731
+    common = dict(dynamic_sampling=True, overlong_buffer=4, max_generation_batches=3)
+    project = _collect(pool, ScriptedEngine(script), [_item("a")], more=more, **common)
+    official = _collect(pool, ScriptedEngine(script), [_item("a")], more=more, semantics="official", **common)
+    assert [i["id"] for i in project.items] == ["a"] and project.stats.generation_batches == 1
+    assert [i["id"] for i in official.items] == ["b"] and official.stats.generation_batches == 2
+
+
+def test_generation_batch_multiplier_generates_more_per_round_and_keeps_the_step_size(pool):
+    script = {(0, x): s for x, s in zip("abcd", (ALL_RIGHT, MIXED, MIXED, MIXED))}
+    engine, asked = ScriptedEngine(script), []
+
+    def more(count, attempt):
+        asked.append((count, attempt))
+        return [_item(x) for x in "cdef"[:count]]
+
+    got = _collect(
+        pool, engine, [_item("a"), _item("b")], more=more, dynamic_sampling=True, generation_batch_multiplier=2
+    )
+    # One round of 2 x 2 prompts (the step's own, then two drawn): a has no signal, b and c fill the step.
+    assert asked == [(2, 0)] and [len(prompts) for prompts, _ in engine.calls] == [4]
+    assert [i["id"] for i in got.items] == ["b", "c"]
+    # A drawn prompt is seeded apart from the step's own prompt of the same id.
+    repeat = ScriptedEngine({(0, "a"): MIXED})
+    _collect(
+        pool, repeat, [_item("a")], more=lambda c, a: [_item("a")], dynamic_sampling=True, generation_batch_multiplier=2
+    )
+    seeds = repeat.calls[0][1]
+    assert seeds[:N] != seeds[N:]
+
+
+def test_official_semantics_stop_when_the_budget_runs_out(pool):
+    script = {(b, x): ALL_WRONG for b in range(2) for x in "ab"}
+    more = lambda count, attempt: [_item("a"), _item("b")]  # noqa: E731
+    kwargs = dict(dynamic_sampling=True, max_generation_batches=2)
+    with pytest.raises(
+        RuntimeError, match=r"kept 0 of the step's 2 groups after 2 generation batches.*max_generation_batches=2"
+    ):
+        _collect(pool, ScriptedEngine(script), [_item("a"), _item("b")], more=more, semantics="official", **kwargs)
+    # The project's semantics train on what they kept (here: the last batch, at zero advantage).
+    assert _collect(pool, ScriptedEngine(script), [_item("a"), _item("b")], more=more, **kwargs).batch.num_rows == 2 * N

@@ -28,6 +28,8 @@ __all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "STARECon
 
 ENTROPY_CONTROLS = ("none", "clip_cov", "kl_cov", "top_entropy")
 SURPRISAL_SOURCES = ("current", "old")
+# project: this project's choices; official: the reference trainer's (README, "Semantics"), for reproduction.
+SEMANTICS = ("project", "official")
 
 
 @dataclass
@@ -113,6 +115,8 @@ class AlgorithmConfig:
     top_entropy_fraction: float = 0.2
     dynamic_sampling: bool = False
     max_generation_batches: int = 10
+    generation_batch_multiplier: int = 1  # dynamic sampling: prompts generated per round, in step batches
+    semantics: str = "project"  # project | official (README, "Semantics")
     overlong_buffer: int = 0  # 0 = off
     overlong_penalty_factor: float = 1.0
     ppo_epochs: int = 1
@@ -163,6 +167,15 @@ class AlgorithmConfig:
         number(f"{p}top_entropy_fraction", self.top_entropy_fraction, low=0.0, high=1.0, low_open=True)
         flag(f"{p}dynamic_sampling", self.dynamic_sampling)
         number(f"{p}max_generation_batches", self.max_generation_batches, low=1, integer=True)
+        number(f"{p}generation_batch_multiplier", self.generation_batch_multiplier, low=1, integer=True)
+        if self.generation_batch_multiplier > 1 and not self.dynamic_sampling:
+            raise ValueError(
+                f"{p}generation_batch_multiplier={self.generation_batch_multiplier} does nothing without "
+                f"dynamic sampling: set {p}dynamic_sampling=true or leave the multiplier at 1"
+            )
+        choice(f"{p}semantics", self.semantics, SEMANTICS)
+        if self.semantics == "official":
+            self._check_official()
         number(f"{p}overlong_buffer", self.overlong_buffer, low=0, integer=True)
         number(f"{p}overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
         number(f"{p}ppo_epochs", self.ppo_epochs, low=1, integer=True)
@@ -171,7 +184,32 @@ class AlgorithmConfig:
         choice(f"{p}mismatch_mode", self.mismatch_mode, MISMATCH_MODES)
         number(f"{p}mismatch_cap", self.mismatch_cap, low=0.0, low_open=True)
 
+    def _check_official(self) -> None:
+        """Settings that contradict the reference trainer are refused rather than overridden."""
+        stare, p = self.stare, "algorithm."
+        if stare.enabled and (stare.scope, stare.surprisal_source) != ("micro_batch", "current"):
+            raise ValueError(
+                f"{p}semantics=official selects inside each micro-batch from the current log-probs, as the "
+                f"reference code does: set {p}stare.scope=micro_batch and {p}stare.surprisal_source=current "
+                f"(got scope={stare.scope}, surprisal_source={stare.surprisal_source})"
+            )
+        if stare.enabled and stare.adaptive and stare.timing != "same_step":
+            raise ValueError(
+                f"{p}semantics=official applies the adaptive W/M in the step that measured the entropy: set "
+                f"{p}stare.timing=same_step (got {stare.timing})"
+            )
+
     # Derived quantities.
+    def detaches_old_logprobs(self) -> bool:
+        """Old log-probs are this forward's, detached (ratio exactly 1), rather than the scoring pass's:
+        on-policy under the official semantics (the project's on-policy runs without a scoring pass do it too)."""
+        return self.semantics == "official" and self.is_on_policy()
+
+    def gate_aggregation(self) -> str:
+        """How the entropy that drives STARE's gate is aggregated: token-mean (the paper), or like the loss
+        (the reference code, official semantics)."""
+        return self.loss_agg if self.semantics == "official" else "token-mean"
+
     def uses_reference(self) -> bool:
         """Whether a frozen reference policy is needed (KL penalty on)."""
         return self.kl_coef > 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
@@ -29,6 +29,7 @@ class StepParams:
     gate_on: bool
     w: float
     m: float
+    gate_entropy: float | None = field(default=None, compare=False)  # what the gate compared to its target
 
 
 # The parameters of a step without STARE: gate closed, every weight 1 (plain GRPO).
@@ -88,7 +89,7 @@ class STAREController:
         use_w, use_m = before if self.timing == "next_step" else (self.w, self.m)
         self.gate_on = gate_on
         self.last_entropy = value
-        self.last_params = StepParams(gate_on=gate_on, w=use_w, m=use_m)
+        self.last_params = StepParams(gate_on=gate_on, w=use_w, m=use_m, gate_entropy=value)
         self.num_updates += 1
         return self.last_params
 

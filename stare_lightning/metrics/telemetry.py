@@ -150,6 +150,8 @@ class TrainTelemetry(nn.Module):
         out["stare/gate_on"] = float(stare_params.gate_on)
         out["stare/gate_on_rate"] = float(self.gate_rate.compute()["stare/gate_on"])
         out["stare/w"], out["stare/m"] = float(stare_params.w), float(stare_params.m)
+        if stare_params.gate_entropy is not None:  # differs from `entropy` when aggregated like the loss
+            out["stare/gate_entropy"] = float(stare_params.gate_entropy)
         # First-order forecast of the next step's entropy change: the exact quadrants' dH add up to the token
         # mean of omega * A * Phi, and lr stands in for the logit step size (its scale is nominal; its sign
         # and its correlation with the realised change are what it tells).

@@ -5,9 +5,13 @@ are zero and they only dilute the token-mean. It filters the global batch, as ve
 its share of every generation batch, the ranks exchange which groups survived, the first surviving groups of
 the global batch (in global prompt order) are kept until the step has its global number of groups, and the
 kept groups are then dealt back to the ranks in near-equal contiguous shares. The step's batch is therefore
-the same for any number of ranks. Departure from DAPO: generation stops after ``max_generation_batches``
-batches even if fewer groups survived, and if none survived each rank keeps its last batch unfiltered (its
-zero advantages give zero gradient), so every rank always has rows for the collectives of the update.
+the same for any number of ranks. A generation batch holds ``generation_batch_multiplier`` times the step's
+prompts (the first one the step's own prompts, then fresh draws). Groups are filtered on the shaped reward
+(what the advantages see); under ``semantics=official`` on the verifier's raw score, as the reference code
+filters on accuracy. When ``max_generation_batches`` batches leave the step short, the project trains on the
+groups kept (if none survived each rank keeps its last batch unfiltered: its zero advantages give zero
+gradient, and every rank still has rows for the collectives of the update); the official semantics stop the
+run with an error, as the reference code does.
 """
 
 from __future__ import annotations
@@ -136,14 +140,16 @@ def collect(
     stats = CollectionStats()
     kept: list[tuple[int, ScoredGroups, list[int]]] = []  # generation batch number, its groups, those kept here
     have = 0
-    batch_items = items
+    per_round = len(items) * cfg.generation_batch_multiplier
+    extra = more_prompts(per_round - len(items), 0) if per_round > len(items) and more_prompts else []
+    batch_items = items + extra
     while True:
-        keys = [f"{stats.generation_batches}/{item['id']}" for item in batch_items]
+        keys = _seed_keys(batch_items, stats.generation_batches, own=len(items))
         rollouts = engine.generate(
             [item["prompt_ids"] for item in batch_items], params, seeds=prompt_seeds(seed, keys, params.n)
         )
         scored = score_rollouts(batch_items, rollouts, pool, cfg, params.max_new_tokens)
-        zero_std = zero_variance_groups(scored.rewards)
+        zero_std = zero_variance_groups(scored.correct if cfg.semantics == "official" else scored.rewards)
         stats.add(scored, zero_std)
         survives = (~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)).tolist()
         flags = distributed.all_gather_objects(survives)  # every rank's groups, in global prompt order
@@ -156,7 +162,9 @@ def collect(
         stop = have >= target or not cfg.dynamic_sampling
         if stop or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
             break
-        batch_items = more_prompts(len(items), stats.generation_batches)
+        batch_items = more_prompts(per_round, stats.generation_batches)
+    if cfg.dynamic_sampling and cfg.semantics == "official" and have < target:
+        _budget_exhausted(cfg, have, target, stats.generation_batches)
     if have == 0:  # nothing carried signal: keep the last batch so this rank still takes part in the update
         return _kept_collection([(scored, None)], stats, params.n, cfg, pad_token_id)
     if not (cfg.dynamic_sampling and distributed.is_distributed()):
@@ -165,6 +173,22 @@ def collect(
     # Fewer kept groups than ranks (rare): a rank left without one trains on its last batch at zero advantage.
     last = share if share.items else replace(scored, rewards=torch.zeros_like(scored.rewards))
     return _kept_collection([(last, None)], stats, params.n, cfg, pad_token_id)
+
+
+def _seed_keys(batch_items: list[dict], generation_batch: int, own: int) -> list[str]:
+    """Seed keys by generation batch and record id; in the first batch the drawn extras after the step's
+    ``own`` prompts are marked, since a draw may repeat one of the step's own prompts."""
+    marked = generation_batch == 0
+    return [f"{generation_batch}/{'+' * (marked and i >= own)}{item['id']}" for i, item in enumerate(batch_items)]
+
+
+def _budget_exhausted(cfg: AlgorithmConfig, have: int, target: int, batches: int) -> None:
+    raise RuntimeError(
+        f"dynamic sampling kept {have} of the step's {target} groups after {batches} generation batches "
+        f"(algorithm.max_generation_batches={cfg.max_generation_batches}); algorithm.semantics=official stops "
+        "here, as the reference code does: raise the budget or algorithm.generation_batch_multiplier, or use "
+        "semantics=project to train on the groups kept"
+    )
 
 
 _ROLLOUT_FIELDS = ("prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons")

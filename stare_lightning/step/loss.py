@@ -15,6 +15,7 @@ from stare_lightning.algorithms import (
     AlgorithmConfig,
     LossNormalizer,
     TokenStats,
+    aggregate_loss,
     entropy_sensitivity,
     micro_batch_stare_weights,
     micro_batch_token_weights,
@@ -23,11 +24,13 @@ from stare_lightning.algorithms import (
 )
 from stare_lightning.algorithms.stare_controller import StepParams
 from stare_lightning.distributed import all_reduce
-from stare_lightning.step.batch import Experience
+from stare_lightning.step.batch import Experience, RolloutBatch
 from stare_lightning.step.scoring import response_token_stats
 
 
-def step_normalizer(mini: Experience, *, max_response_length: int, device: torch.device) -> LossNormalizer:
+def step_normalizer(
+    mini: Experience | RolloutBatch, *, max_response_length: int, device: torch.device
+) -> LossNormalizer:
     """Token and sequence counts of a mini-batch over all ranks (each at least 1)."""
     counts = torch.tensor([float(mini.response_mask.sum()), float(mini.response_mask.any(-1).sum())])
     counts = all_reduce(counts.to(device), device=device)
@@ -36,6 +39,19 @@ def step_normalizer(mini: Experience, *, max_response_length: int, device: torch
         num_sequences=max(int(counts[1]), 1),
         max_response_length=max_response_length,
     )
+
+
+def gate_entropy(entropy: Tensor, batch: RolloutBatch, alg: AlgorithmConfig, *, max_response_length: int) -> float:
+    """The entropy that drives STARE's gate, over every rank's rows, aggregated as ``alg.gate_aggregation()``
+    says: the token mean, or like the loss (``aggregate_loss`` under the step's global counts)."""
+    normalizer = step_normalizer(batch, max_response_length=max_response_length, device=entropy.device)
+    mask = batch.response_mask
+    share = aggregate_loss(entropy.detach().double(), mask, alg.gate_aggregation(), normalizer)
+    return float(all_reduce(share, device=entropy.device))
+
+
+# Timing, selector and surprisal source of a selection made inside the loss from this forward's Phi.
+SELECTS_BY_PHI = ("micro_batch", "sensitivity", "current")
 
 
 @dataclass(frozen=True)
@@ -63,11 +79,11 @@ def micro_batch_loss(
 ) -> MicroBatchLoss:
     """The loss of one micro-batch, with its sums, token statistics and STARE's weights. Without old log-probs
     (on-policy, no scoring pass) this forward's detached log-probs are the old ones (ratio exactly 1), and its
-    statistics, entropy terms included, describe the rollout policy."""
+    statistics, entropy terms included, describe the rollout policy. On-policy official semantics use them
+    even when a scoring pass gave old log-probs (the reference code)."""
     on_policy_first_pass = part.old_logprobs is None
     # A selection made here by the current policy's sensitivity needs this forward's Phi.
-    selects_here = selection_timing(alg.stare) == "micro_batch"
-    current_phi = selects_here and (alg.stare.selector, alg.stare.surprisal_source) == ("sensitivity", "current")
+    current_phi = (selection_timing(stare := alg.stare), stare.selector, stare.surprisal_source) == SELECTS_BY_PHI
     stats = response_token_stats(
         policy,
         part,
@@ -76,7 +92,7 @@ def micro_batch_loss(
         with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi,
         with_sensitivity=on_policy_first_pass or current_phi,
     )
-    old_logprobs = stats.logprobs.detach() if on_policy_first_pass else part.old_logprobs
+    old_logprobs = stats.logprobs.detach() if on_policy_first_pass or alg.detaches_old_logprobs() else part.old_logprobs
     stare_omega, stare_selected = micro_batch_stare_weights(
         alg,
         advantages=part.advantages,

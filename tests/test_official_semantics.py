@@ -1,0 +1,164 @@
+"""``algorithm=stare_o1_official`` against a loop re-implementation of the reference trainer's procedure.
+
+The reference below is written from the method (docs/method.md) and the reference trainer's documented
+behaviour, not from this project's functions: per micro-batch one forward of the policy; old log-probs are
+that forward's detached log-probs (on-policy, ratio exactly 1); STARE's gate compares the step batch's entropy,
+aggregated like the loss, with its target; L+ is the ceil(P x |T+|) highest-surprisal tokens among the
+micro-batch's positive-advantage tokens; the dual-clip surrogate is multiplied by omega and aggregated under
+the mini-batch's global counts; gradients accumulate over micro-batches. The project's loss on the same fixed
+batch, model and micro-batch partition must give the same weights, losses and gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from stare_lightning.algorithms import AlgorithmConfig
+from stare_lightning.rollout.base import Rollouts
+from stare_lightning.step import Experience, micro_batch_loss, micro_batches
+from stare_lightning.step.batch import build_rollout_batch
+from stare_lightning.step.loss import gate_entropy, step_normalizer
+from stare_lightning.step.scoring import score_batch
+from tests.test_algorithms_config import CONF_DIR
+
+TEMPERATURE, W, MAX_NEW_TOKENS = 0.9, 3.0, 12
+
+
+def official_config(**changes) -> AlgorithmConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR.parent), version_base="1.3"):
+        composed = compose("algorithm/stare_o1_official").algorithm
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), composed))
+    stare = dataclasses.replace(cfg.stare, w=W, **changes.pop("stare", {}))
+    return dataclasses.replace(cfg, stare=stare, **changes)
+
+
+def fixed_batch(vocab: int) -> Experience:
+    """Eight rows of different prompt and response lengths, advantages of both signs and one zero."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 4, 6, 3, 5, 4, 6)]
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (7, 2, 9, 4, 12, 5, 3, 8)]
+    rollouts = Rollouts(
+        prompt_ids=prompts,
+        response_ids=responses,
+        response_logprobs=[[-1.0] * len(r) for r in responses],
+        texts=[""] * 8,
+        finish_reasons=["stop"] * 8,
+        n=4,
+    )
+    advantages = torch.tensor([0.8, -0.8, 0.5, -1.2, 1.0, -0.3, 0.0, 0.7])
+    batch = build_rollout_batch(rollouts, advantages.clone(), advantages, pad_token_id=0)
+    return Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
+
+
+# ------------------------------------------------------------------------------------- the reference loop
+
+
+def reference_logprobs_and_entropy(model, part) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = (part.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask, position_ids=positions).logits
+    logits = logits[:, part.prompt_width - 1 : -1].float() / TEMPERATURE
+    logp = torch.log_softmax(logits, dim=-1)
+    taken = logp.gather(-1, part.input_ids[:, part.prompt_width :].unsqueeze(-1)).squeeze(-1)
+    return taken, -(logp.exp() * logp).sum(-1)
+
+
+def aggregate(values, mask, mode, tokens, sequences):
+    """token-mean: sum / the mini-batch's tokens; seq-mean-token-mean: per-row token means / its sequences."""
+    if mode == "token-mean":
+        return (values * mask).sum() / tokens
+    per_row = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_row[mask.any(-1)].sum() / sequences
+
+
+def reference_omega(surprisal, advantages, mask, top_ratio):
+    omega = torch.ones_like(surprisal)
+    positive = (advantages[:, None] > 0) & mask
+    count = int(positive.sum())
+    if count:
+        k = max(1, math.ceil(top_ratio * count))
+        order = torch.argsort(torch.where(positive, surprisal, -math.inf).flatten(), descending=True)[:k]
+        omega.view(-1)[order] = W
+    return omega
+
+
+def reference_step(model, parts, alg: AlgorithmConfig, tokens: int, sequences: int):
+    """(omega, loss) per micro-batch; gradients accumulate in ``model``."""
+    out = []
+    for part in parts:
+        mask = part.response_mask
+        logprobs, _ = reference_logprobs_and_entropy(model, part)
+        old = logprobs.detach()
+        ratio = torch.exp(logprobs - old)
+        adv = part.advantages[:, None].expand_as(logprobs)
+        omega = reference_omega(-old, part.advantages, mask, alg.stare.top_ratio)
+        clipped = torch.clamp(ratio, 1 - alg.clip_eps_low, 1 + alg.clip_eps_high)
+        per_token = torch.maximum(-adv * ratio, -adv * clipped)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * alg.dual_clip_c), per_token)
+        loss = aggregate(per_token * omega, mask, alg.loss_agg, tokens, sequences)
+        loss.backward()
+        out.append((omega, loss.detach()))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the tests
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    reference = copy.deepcopy(policy)
+    experience = fixed_batch(policy.config.vocab_size)
+    mask = experience.response_mask
+
+    # The gate: the step's entropy aggregated like the loss.
+    with torch.no_grad():
+        _, entropy = reference_logprobs_and_entropy(reference, experience)
+    want_gate = aggregate(entropy, mask, loss_agg, int(mask.sum()), int(mask.any(-1).sum()))
+    alg = official_config(loss_agg=loss_agg, stare={"target_entropy": float(want_gate) + 1e-3})
+    scores = score_batch(policy, experience, temperature=TEMPERATURE, chunk_size=7, micro_batch_tokens=40)
+    gate = gate_entropy(scores.entropy, experience, alg, max_response_length=MAX_NEW_TOKENS)
+    assert gate == pytest.approx(float(want_gate), abs=1e-6)
+    params = alg.stare.make_controller().update(gate)
+    assert params.gate_on and params.w == W
+
+    # The loss, micro-batch by micro-batch (a 40-token budget: four micro-batches of different sizes). The
+    # scoring pass's log-probs are moved off (as a stale or differently batched pass would leave them): on-policy
+    # the official semantics must not read them.
+    stale = scores.logprobs + 0.05 * torch.randn(scores.logprobs.shape, generator=torch.Generator().manual_seed(1))
+    experience = dataclasses.replace(experience, old_logprobs=stale, phi=scores.phi)
+    normalizer = step_normalizer(experience, max_response_length=MAX_NEW_TOKENS, device=torch.device("cpu"))
+    parts = list(micro_batches(experience, 40))
+    assert len(parts) >= 3
+    got = []
+    for part in parts:
+        result = micro_batch_loss(
+            policy, None, part, normalizer, alg, params=params, entropy_coef=0.0, temperature=TEMPERATURE,
+            chunk_size=7,
+        )  # fmt: skip
+        result.loss.backward()
+        assert float(result.sums["ratio_sum"]) == float(result.sums["tokens"])  # ratio exactly 1 on every token
+        got.append((result.stare_omega, result.loss.detach()))
+    want = reference_step(reference, parts, alg, int(mask.sum()), int(mask.any(-1).sum()))
+    for part, (omega, loss), (want_omega, want_loss) in zip(parts, got, want):
+        valid = part.response_mask
+        assert torch.equal(torch.where(valid, omega, 1.0), torch.where(valid, want_omega, 1.0))
+        assert float(loss) == pytest.approx(float(want_loss), abs=1e-6)
+    assert sum(int(((o == W) & p.response_mask).sum()) for (o, _), p in zip(got, parts)) >= len(parts) - 1
+    for (name, p), q in zip(policy.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-5), name
+
+
+def test_official_old_logprobs_are_the_detached_current_ones_only_on_policy():
+    assert official_config().detaches_old_logprobs()
+    assert not official_config(ppo_epochs=2).detaches_old_logprobs()
+    assert not dataclasses.replace(official_config(), semantics="project").detaches_old_logprobs()
