@@ -83,6 +83,7 @@ def run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2):
             id="old-kept",
         ),
         pytest.param(["algorithm.stare.scope=sequence"], "micro_batch", 1, id="sequence-current"),
+        pytest.param(["algorithm=stare_o1_official", "optim.micro_batch_tokens=64"], "micro_batch", 1, id="official"),
         pytest.param(["algorithm.ppo_epochs=2", "algorithm.mini_batches=2"], "optimizer_step", 4, id="reselect"),
     ],
 )

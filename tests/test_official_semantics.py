@@ -4,9 +4,11 @@ The reference below is written from the method (docs/method.md) and the referenc
 behaviour, not from this project's functions: per micro-batch one forward of the policy; old log-probs are
 that forward's detached log-probs (on-policy, ratio exactly 1); STARE's gate compares the step batch's entropy,
 aggregated like the loss, with its target; L+ is the ceil(P x |T+|) highest-surprisal tokens among the
-micro-batch's positive-advantage tokens; the dual-clip surrogate is multiplied by omega and aggregated under
-the mini-batch's global counts; gradients accumulate over micro-batches. The project's loss on the same fixed
-batch, model and micro-batch partition must give the same weights, losses and gradients.
+micro-batch's positive-advantage tokens; the dual-clip surrogate is multiplied by omega and aggregated within
+the micro-batch (token-mean: its own token mean; seq-mean-token-mean: the mean of its rows' token means), then
+scaled by the micro-batch's share of the mini-batch's sequences (verl 0.7's data-parallel actor with dynamic
+micro-batch sizes); gradients accumulate over micro-batches. The project's loss on the same fixed batch, model
+and micro-batch partition must give the same weights, losses and gradients.
 """
 
 from __future__ import annotations
@@ -69,12 +71,11 @@ def reference_logprobs_and_entropy(model, part) -> tuple[torch.Tensor, torch.Ten
     return taken, -(logp.exp() * logp).sum(-1)
 
 
-def aggregate(values, mask, mode, tokens, sequences):
-    """token-mean: sum / the mini-batch's tokens; seq-mean-token-mean: per-row token means / its sequences."""
+def aggregate(values, mask, mode):
+    """Over the rows given: the token mean, or the mean of the rows' token means."""
     if mode == "token-mean":
-        return (values * mask).sum() / tokens
-    per_row = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_row[mask.any(-1)].sum() / sequences
+        return (values * mask).sum() / mask.sum()
+    return ((values * mask).sum(-1) / mask.sum(-1)).mean()
 
 
 def reference_omega(surprisal, advantages, mask, top_ratio):
@@ -88,7 +89,7 @@ def reference_omega(surprisal, advantages, mask, top_ratio):
     return omega
 
 
-def reference_step(model, parts, alg: AlgorithmConfig, tokens: int, sequences: int):
+def reference_step(model, parts, alg: AlgorithmConfig, sequences: int):
     """(omega, loss) per micro-batch; gradients accumulate in ``model``."""
     out = []
     for part in parts:
@@ -101,7 +102,7 @@ def reference_step(model, parts, alg: AlgorithmConfig, tokens: int, sequences: i
         clipped = torch.clamp(ratio, 1 - alg.clip_eps_low, 1 + alg.clip_eps_high)
         per_token = torch.maximum(-adv * ratio, -adv * clipped)
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * alg.dual_clip_c), per_token)
-        loss = aggregate(per_token * omega, mask, alg.loss_agg, tokens, sequences)
+        loss = aggregate(per_token * omega, mask, alg.loss_agg) * part.num_rows / sequences
         loss.backward()
         out.append((omega, loss.detach()))
     return out
@@ -123,7 +124,7 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
     # The gate: the step's entropy aggregated like the loss.
     with torch.no_grad():
         _, entropy = reference_logprobs_and_entropy(reference, experience)
-    want_gate = aggregate(entropy, mask, loss_agg, int(mask.sum()), int(mask.any(-1).sum()))
+    want_gate = aggregate(entropy, mask, loss_agg)
     alg = official_config(loss_agg=loss_agg, stare={"target_entropy": float(want_gate) + 1e-3})
     scores = score_batch(policy, experience, temperature=TEMPERATURE, chunk_size=7, micro_batch_tokens=40)
     gate = gate_entropy(scores.entropy, experience, alg, max_response_length=MAX_NEW_TOKENS)
@@ -148,7 +149,7 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
         result.loss.backward()
         assert float(result.sums["ratio_sum"]) == float(result.sums["tokens"])  # ratio exactly 1 on every token
         got.append((result.stare_omega, result.loss.detach()))
-    want = reference_step(reference, parts, alg, int(mask.sum()), int(mask.any(-1).sum()))
+    want = reference_step(reference, parts, alg, experience.num_rows)
     for part, (omega, loss), (want_omega, want_loss) in zip(parts, got, want):
         valid = part.response_mask
         assert torch.equal(torch.where(valid, omega, 1.0), torch.where(valid, want_omega, 1.0))

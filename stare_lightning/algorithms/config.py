@@ -193,6 +193,11 @@ class AlgorithmConfig:
                 f"reference code does: set {p}stare.scope=micro_batch and {p}stare.surprisal_source=current "
                 f"(got scope={stare.scope}, surprisal_source={stare.surprisal_source})"
             )
+        if self.loss_agg == "seq-mean-token-sum-norm":
+            raise ValueError(
+                f"{p}semantics=official is not offered with {p}loss_agg=seq-mean-token-sum-norm: the reference "
+                "code scales that mode by its micro-batch row count; use token-mean or seq-mean-token-mean"
+            )
         if stare.enabled and stare.adaptive and stare.timing != "same_step":
             raise ValueError(
                 f"{p}semantics=official applies the adaptive W/M in the step that measured the entropy: set "

@@ -1,12 +1,15 @@
 """The loss of one micro-batch: a forward of the policy, its token weights, and the policy loss.
 
 Losses are normalised by counts over the whole optimizer step on every rank (``step_normalizer``), so
-the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch.
+the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch. Under
+``semantics=official`` a token-mean loss is each micro-batch's own token mean weighted by its share of the
+step's sequences, as the reference trainer (verl 0.7's data-parallel actor) computes it: short and long
+micro-batches then weigh their tokens differently.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -39,6 +42,16 @@ def step_normalizer(
         num_sequences=max(int(counts[1]), 1),
         max_response_length=max_response_length,
     )
+
+
+def micro_batch_normalizer(part: Experience, step: LossNormalizer, alg: AlgorithmConfig) -> LossNormalizer:
+    """``step`` itself, or under the official semantics' token mean the count that turns ``aggregate_loss`` into
+    (this micro-batch's token mean) x (its sequences / the step's sequences)."""
+    if alg.semantics != "official" or alg.loss_agg != "token-mean":
+        return step
+    tokens = part.response_mask.sum()
+    rows = part.response_mask.any(-1).sum().clamp(min=1)  # a zero-weight filler micro-batch may have none
+    return replace(step, num_tokens=tokens.double() * step.num_sequences / rows)
 
 
 def gate_entropy(entropy: Tensor, batch: RolloutBatch, alg: AlgorithmConfig, *, max_response_length: int) -> float:
@@ -118,7 +131,7 @@ def micro_batch_loss(
         part.advantages,
         part.response_mask,
         alg,
-        normalizer,
+        micro_batch_normalizer(part, normalizer, alg),
         token_weights=weights,
         ref_logprobs=ref_logprobs,
         entropy=stats.entropy if alg.needs_entropy() else None,
