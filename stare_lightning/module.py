@@ -10,7 +10,6 @@ steps, each accumulated over token-budget micro-batches.
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -26,6 +25,7 @@ from stare_lightning.algorithms.stare_controller import GRPO_PARAMS
 from stare_lightning.config.schema import TelemetryConfig, ValidationConfig
 from stare_lightning.data.benchmarks import benchmark_sampling
 from stare_lightning.evaluation.samples import sample_records
+from stare_lightning.metrics.step_timer import StepTimer
 from stare_lightning.metrics.telemetry import (
     TrainTelemetry,
     ValidationTelemetry,
@@ -149,14 +149,16 @@ class STAREModule(LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
-        started = time.perf_counter()
+        timer = StepTimer(self.device)
         collection = collect(
             batch, self._rollout_engine(), self.verifiers, self.rollout.training_sampling(), self.algorithm,
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
         )  # fmt: skip
         rollouts = collection.batch.to(self.device)
         lr = self.lr_schedulers().get_last_lr()[0]
+        timer.lap("collect")
         logits_before = self._response_logits(rollouts) if self.same_batch_entropy else None
+        timer.lap("telemetry")
         if self.algorithm.needs_scoring_pass():
             scores = score_batch(
                 self.policy, rollouts, temperature=self.rollout.temperature,
@@ -170,12 +172,15 @@ class STAREModule(LightningModule):
             experience = Experience.build(
                 rollouts, old_logprobs=scores.logprobs, phi=scores.phi, stare_weights=omega, stare_selected=selected
             )
+            timer.lap("score")
             self._update(experience, params)
+            timer.lap("update")
         else:  # plain on-policy GRPO: the update's first forward gives the rollout policy's statistics
             experience = Experience.build(
                 rollouts, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None
             )
             scores = self._update(experience, GRPO_PARAMS)
+            timer.lap("update")
             entropy, params = self._gate(scores, rollouts)  # no controller here: telemetry only
             # What STARE would have selected (no loss applied it): the quadrant and selection telemetry.
             omega, selected = self._select(scores, rollouts, params)
@@ -183,14 +188,20 @@ class STAREModule(LightningModule):
         if logits_before is not None:
             self._add_entropy_change(rollouts, scores, logits_before)
         canary = self.canary.update(rollouts.rollout_logprobs, scores.logprobs, rollouts.response_mask)
+        timer.lap("telemetry")
         self.engine.mark_stale()
         self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
+        timer.lap("sync")
         metrics = self.train_telemetry.compute(
             batch=rollouts, stare_params=params, entropy=entropy, collection=collection, lr=lr
         )
         metrics.update({f"train/{key}": value for key, value in canary.items()})
         metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
-        metrics["train/time/step_s"] = time.perf_counter() - started
+        timer.lap("telemetry")
+        stats = collection.stats
+        times = timer.metrics(rollout_seconds=stats.generation_seconds, verify_seconds=stats.verify_seconds,
+                              tokens=int(rollouts.attention_mask.sum()))  # fmt: skip
+        metrics.update({f"train/{key}": value for key, value in times.items()})
         metrics["train/memory/peak_gib"] = peak_memory_gib(self.device)
         metrics["train/memory/current_gib"] = current_memory_gib(self.device)  # after the step: growth shows here
         self.last_rollout_samples = collection.samples()

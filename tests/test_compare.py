@@ -70,6 +70,10 @@ def test_arms_seeds_and_paired_differences(tmp_path):
         (statistics.mean(diffs) - half, statistics.mean(diffs) + half)
     )
     assert stats.loc[("stare_o1", "val_avg@n"), "mean"] == pytest.approx(statistics.mean(stare) / 2)
+    # Validation: the mean of the last three evaluations.
+    _write_run(tmp_path / "one" / "logs", "grpo_ds", 0, [0.1] * 8, [0.1, 0.2, 0.4, 0.6], [0.5, 0.5, 0.5, 0.9])
+    assert run_outcomes(tmp_path / "one" / "logs")["val_pass@4"] == pytest.approx((0.5 + 0.5 + 0.9) / 3)
+    assert run_outcomes(tmp_path / "one" / "logs")["val_avg@n"] == pytest.approx(0.4)
     assert stats.loc[("grpo_ds", "distinct_correct"), "mean"] == pytest.approx(2 * 0.15)
     assert math.isnan(stats.loc[("grpo_ds", "entropy")].get("diff", math.nan))  # the baseline has no pair
 

@@ -17,6 +17,7 @@ import torch
 
 from stare_lightning.cli import compose, prepare_config
 from stare_lightning.metrics import QUADRANTS as QUADRANT_NAMES
+from stare_lightning.metrics.step_timer import PHASES
 
 pytestmark = pytest.mark.slow
 
@@ -110,6 +111,11 @@ def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, mo
         realised, first = row["train/entropy/realized_delta_same_batch"], row["train/entropy/first_order_delta"]
         assert math.isfinite(realised) and realised != 0.0 and math.isfinite(first)
         assert math.isfinite(sum(row[f"train/quadrant/first_order/{q}"] for q in QUADRANT_NAMES))
+        # The time breakdown accounts for the whole step; every phase ran.
+        phases = [row[f"train/time/{phase}"] for phase in PHASES]
+        assert sum(phases) == pytest.approx(row["train/time/step_s"], rel=1e-6)  # logged as float32
+        assert all(t > 0 for t in phases), dict(zip(PHASES, phases))
+        assert row["train/throughput/tokens_per_s"] > 0
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 

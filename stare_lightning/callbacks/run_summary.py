@@ -10,6 +10,7 @@ import lightning
 from lightning.pytorch.callbacks import Callback
 
 from stare_lightning.metrics.functional import QUADRANTS
+from stare_lightning.metrics.step_timer import PHASES
 
 _BENCHMARK_KEY = re.compile(r"val/[^/]+/(avg|maj)@\d+")
 VAL_KEYS = ("val/avg@n", "val/pass@1", "val/distinct_correct", "val/response_length/mean")
@@ -20,6 +21,8 @@ TRAIN_KEYS = (
     "train/stare/gate_on",
     "train/stare/w",
     "train/time/step_s",
+    *(f"train/time/{phase}" for phase in PHASES),
+    "train/throughput/tokens_per_s",
     "train/memory/peak_gib",
     "train/memory/current_gib",
 )

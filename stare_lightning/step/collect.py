@@ -16,6 +16,7 @@ run with an error, as the reference code does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -39,6 +40,7 @@ class ScoredGroups:
     rewards: Tensor  # [G, n] after overlong shaping
     verifier_timeouts: int = 0
     verifier_errors: int = 0
+    verify_seconds: float = 0.0
 
 
 @dataclass
@@ -49,6 +51,7 @@ class CollectionStats:
     verifier_timeouts: int = 0
     verifier_errors: int = 0
     generation_seconds: float = 0.0
+    verify_seconds: float = 0.0
     generated_tokens: int = 0
     generated_rewards: list[Tensor] = field(default_factory=list)  # [groups, n] per batch
     zero_std_groups: list[Tensor] = field(default_factory=list)  # bool [groups] per batch
@@ -58,6 +61,7 @@ class CollectionStats:
         self.verifier_timeouts += scored.verifier_timeouts
         self.verifier_errors += scored.verifier_errors
         self.generation_seconds += scored.rollouts.generation_seconds
+        self.verify_seconds += scored.verify_seconds
         self.generated_tokens += scored.rollouts.num_tokens
         self.generated_rewards.append(scored.rewards)
         self.zero_std_groups.append(zero_std)
@@ -106,7 +110,9 @@ def score_rollouts(
 ) -> ScoredGroups:
     """Verify every response of ``rollouts`` against its prompt's answer, then apply overlong shaping."""
     n = rollouts.n
+    started = time.perf_counter()
     result = verify(items, rollouts, pool)
+    seconds = time.perf_counter() - started
     correct = torch.tensor(result.scores, dtype=torch.float32).view(-1, n)
     rewards = correct.clone()
     if cfg.overlong_buffer > 0:
@@ -114,7 +120,7 @@ def score_rollouts(
         rewards = rewards + overlong_penalty(
             lengths, max_new_tokens, cfg.overlong_buffer, penalty_factor=cfg.overlong_penalty_factor
         )
-    return ScoredGroups(list(items), rollouts, correct, rewards, result.timeouts, result.errors)
+    return ScoredGroups(list(items), rollouts, correct, rewards, result.timeouts, result.errors, seconds)
 
 
 def collect(
