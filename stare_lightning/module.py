@@ -154,6 +154,7 @@ class STAREModule(LightningModule):
             batch, self._rollout_engine(), self.verifiers, self.rollout.training_sampling(), self.algorithm,
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
         )  # fmt: skip
+        self.engine.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
         rollouts = collection.batch.to(self.device)
         lr = self.lr_schedulers().get_last_lr()[0]
         timer.lap("collect")

@@ -114,6 +114,8 @@ def test_paper_recipe_matches_the_method_doc(tmp_path):
         ("optim.min_lr_ratio=2", "optim.min_lr_ratio=2.0"),
         ("model.cold_start.batch_size=0", "model.cold_start.batch_size=0"),
         ("validation.pass_k=[0]", "validation.pass_k[0]=0"),
+        ("rollout.enable_sleep_mode=true", "rollout.enable_sleep_mode=true does nothing here"),  # trainer=cpu
+        ("algorithm.semantics=official", "stare.scope=micro_batch"),  # the default STARE-O1 selects per step
     ],
 )
 def test_bad_values_name_the_key(tmp_path, override, needle):

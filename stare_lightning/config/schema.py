@@ -74,6 +74,13 @@ class RunConfig:
         number("seed", self.seed, low=0, integer=True)
         flag("summary", self.summary)
         flag("verbose", self.verbose)
+        accelerator = (self.trainer or {}).get("accelerator", "auto")
+        if self.rollout.enable_sleep_mode and (self.rollout.backend == "hf" or accelerator == "cpu"):
+            raise ValueError(
+                "rollout.enable_sleep_mode=true does nothing here: vLLM's sleep mode frees GPU memory between "
+                f"rollouts (rollout.backend={self.rollout.backend}, trainer.accelerator={accelerator}); "
+                "set it false, or run vLLM on GPUs"
+            )
         # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
         largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
         if max(self.validation.pass_k) > largest_n:

@@ -87,6 +87,12 @@ class SyncedEngine:
     def mark_stale(self) -> None:
         self.stale = True
 
+    def sleep(self) -> None:
+        """Release the engine's GPU memory for the update (level 1: the next sync restores, then overwrites,
+        the weights; the next rollout wakes the KV cache). Nothing without ``rollout.enable_sleep_mode``."""
+        if self.engine is not None and self.cfg.enable_sleep_mode:
+            self.engine.sleep()
+
     def close(self) -> None:
         """Free the engine (a sweep can then start the next run's engine in this process)."""
         if self.engine is not None:
