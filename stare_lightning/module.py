@@ -44,7 +44,12 @@ from stare_lightning.step import Experience, RolloutBatch, TokenScores, micro_ba
 from stare_lightning.step.batch import mini_batch_rows
 from stare_lightning.step.collect import collect, verify
 from stare_lightning.step.loss import gate_entropy, step_normalizer
-from stare_lightning.step.scoring import response_logits, same_batch_entropy_change, score_batch
+from stare_lightning.step.scoring import (
+    response_logits,
+    same_batch_entropy_change,
+    score_batch,
+    scores_from_logits,
+)
 from stare_lightning.trainer.config import OptimConfig
 from stare_lightning.trainer.cpu_threads import share_cores
 from stare_lightning.trainer.optim import build_optimizer
@@ -161,10 +166,7 @@ class STAREModule(LightningModule):
         logits_before = self._response_logits(rollouts) if self.same_batch_entropy else None
         timer.lap("telemetry")
         if self.algorithm.needs_scoring_pass():
-            scores = score_batch(
-                self.policy, rollouts, temperature=self.rollout.temperature,
-                chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
-            )  # fmt: skip
+            scores = self._score(rollouts, logits_before)
             entropy, params = self._gate(scores, rollouts)
             # Timing `micro_batch`: the loss selects inside each micro-batch instead.
             omega, selected = (
@@ -239,6 +241,13 @@ class STAREModule(LightningModule):
         )  # fmt: skip
         omega, selected = self._select(scores, experience, params)
         return replace(experience, stare_weights=omega, stare_selected=selected)
+
+    def _score(self, rollouts: RolloutBatch, logits: list[torch.Tensor] | None) -> TokenScores:
+        """The scoring pass: from the logits the same-batch telemetry already holds, else a forward."""
+        kwargs = dict(chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens)
+        if logits is not None:
+            return scores_from_logits(logits, rollouts, temperature=self.rollout.temperature, **kwargs)
+        return score_batch(self.policy, rollouts, temperature=self.rollout.temperature, **kwargs)
 
     def _response_logits(self, rollouts: RolloutBatch) -> list[torch.Tensor]:
         return response_logits(self.policy, rollouts, micro_batch_tokens=self.optim.micro_batch_tokens)

@@ -31,7 +31,7 @@ def test_every_group_option_composes_and_validates(tmp_path, group, option):
         overrides = [f"logger=[{option}]"]
     if (group, option) == ("model", "hf"):
         overrides.append("model.name_or_path=/some/local/dir")
-    if (group, option) in (("data", "files"), ("experiment", "paper_7b_short_cot")):
+    if (group, option) == ("data", "files") or (group == "experiment" and option.startswith("paper_")):
         overrides.append("data.train_files=[/some/train.jsonl]")
     cfg, run = compose_run(tmp_path, overrides)
     assert run.output_dir == str(tmp_path.resolve())
@@ -81,6 +81,18 @@ def test_default_is_the_offline_stare_run(tmp_path):
     assert run.data.task == "countdown"
     assert run.algorithm.stare.enabled and run.algorithm.stare.variant == "O1"
     assert run.trainer["accelerator"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "recipe, model",
+    [("paper_1p5b_long_cot", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"), ("paper_8b_long_cot", "Qwen/Qwen3-8B-Base")],
+)
+def test_long_cot_recipes_keep_the_paper_setting_and_switch_the_memory_levers_on(tmp_path, recipe, model):
+    _, short = compose_run(tmp_path, ["experiment=paper_7b_short_cot", "data.train_files=[/x.parquet]"])
+    _, run = compose_run(tmp_path, [f"experiment={recipe}", "data.train_files=[/x.parquet]"])
+    assert run.model.name_or_path == model and run.algorithm == short.algorithm and run.optim.lr == short.optim.lr
+    assert run.rollout.max_new_tokens == 16384 and run.rollout.enable_sleep_mode and run.model.gradient_checkpointing
+    assert run.optim.micro_batch_tokens >= run.rollout.max_new_tokens  # a whole response fits one micro-batch
 
 
 def test_paper_recipe_matches_the_method_doc(tmp_path):

@@ -111,6 +111,21 @@ def same_batch_entropy_change(
 
 
 @torch.no_grad()
+def scores_from_logits(
+    logits: list[Tensor], batch: RolloutBatch, *, temperature: float, chunk_size: int, micro_batch_tokens: int
+) -> TokenScores:
+    """``score_batch`` from logits already computed (``response_logits`` with the same ``micro_batch_tokens``):
+    the same numbers without a second forward when the same-batch entropy telemetry holds them anyway."""
+    parts = [
+        token_stats_from_logits(
+            part_logits, part.response_ids, temperature=temperature, chunk_size=chunk_size, with_sensitivity=True
+        )
+        for part_logits, part in zip(logits, micro_batches(batch, micro_batch_tokens), strict=True)
+    ]
+    return TokenScores.from_micro_batches(parts, batch.response_width)
+
+
+@torch.no_grad()
 def score_batch(
     policy: torch.nn.Module, batch: RolloutBatch, *, temperature: float, chunk_size: int, micro_batch_tokens: int
 ) -> TokenScores:
