@@ -135,6 +135,11 @@ def shown_images(nb) -> list:
 
 COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
     "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
+    "offline_tradeoff.ipynb": (
+        "data/offline_tradeoff",
+        ["grpo_ds_seed1", "grpo_ds_seed2", "grpo_ds_seed3", "stare_c2_seed1", "stare_o1_adaptive_seed3"],
+        1,
+    ),
     "smollm2_study.ipynb": (
         "data/smollm2_study",
         ["grpo_ds_seed0", "grpo_ds_seed1", "stare_o1_seed0", "stare_o1_seed1"],
