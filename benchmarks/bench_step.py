@@ -33,9 +33,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(REPO))
 
+from stare_lightning.metrics.step_timer import PHASES  # noqa: E402
+
 LR, N, MAX_NEW_TOKENS = 1e-6, 8, 64
 CONTENDERS = ("project_vllm", "project_hf", "trl_fp32", "trl_bf16", "project_default_task")
-PHASES = ("rollout", "verify", "score", "update", "sync", "telemetry", "other")
 
 
 def prompts(count: int, seed: int = 0) -> list[dict]:
