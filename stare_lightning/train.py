@@ -13,12 +13,15 @@ from stare_lightning.config.instantiate import instantiate_collection, safe_inst
 from stare_lightning.config.schema import RunConfig
 from stare_lightning.data.datamodule import PromptDataModule
 from stare_lightning.data.tasks import sft_examples
+from stare_lightning.data.tasks.tool_traces import countdown_tool_examples
 from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
 from stare_lightning.models.registry import default_cache_dir, resolve_model
+from stare_lightning.tools import Tool, build_format, build_tool_from_config
 
 
-def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) -> Path:
-    """Resolve ``model.name_or_path`` to a local HF directory, running the tiny model's cold start once."""
+def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None, tool: Tool | None = None) -> Path:
+    """Resolve ``model.name_or_path`` to a local HF directory, running the tiny model's cold start once
+    (on tool-using traces with ``model.cold_start.tool_traces``: ``tool`` is the run's tool)."""
     cache_dir = Path(cfg.model.cache_dir) if cfg.model.cache_dir else default_cache_dir()
     base = resolve_model(cfg.model.name_or_path, cache_dir)
     cold = cfg.model.cold_start
@@ -27,13 +30,21 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None) ->
     settings = {"base": cfg.model.name_or_path, "cold_start": asdict(cold), "data": asdict(cfg.data)}
     for key in ("prompts_per_step", "val_batch_size", "val_sets"):  # settings the warm-up does not read
         settings["data"].pop(key)
+    if cold.tool_traces:
+        settings["tools"] = {"name": cfg.tools.name, "format": cfg.tools.format}
     target = cache_dir / f"{cfg.model.name_or_path}-sft-{cold_start_key(settings)}"
     if (target / "config.json").is_file():
         return target
     if datamodule is None:
         datamodule = PromptDataModule(cfg.data, tokenizer=None)
         datamodule.load_records()
-    examples = sft_examples(datamodule.train_records)
+    if cold.tool_traces:
+        if tool is None:
+            raise ValueError("model.cold_start.tool_traces=true: pass the run's tool to prepare_model")
+        call_format = build_format(cfg.tools.format, tool, AutoTokenizer.from_pretrained(base))
+        examples = countdown_tool_examples(datamodule.train_records, tool, call_format, seed=cold.seed)
+    else:
+        examples = sft_examples(datamodule.train_records)
     print(f"[cold start] supervised warm-up of {cfg.model.name_or_path} on {len(examples)} examples -> {target}")
     return supervised_fine_tune(
         base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed
@@ -65,11 +76,12 @@ def _setup(cfg: RunConfig):
     # Data first: a malformed file or an unknown verifier fails before any model is prepared or trained.
     datamodule = PromptDataModule(cfg.data, tokenizer=None)
     datamodule.load_records()
-    model_dir = prepare_model(cfg, datamodule)
+    tool = build_tool_from_config(cfg.tools)  # a missing or broken sandbox fails here, before the model
+    model_dir = prepare_model(cfg, datamodule, tool)
     datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     from stare_lightning.module import STAREModule
 
-    return STAREModule.from_config(cfg, str(model_dir), datamodule.val_benchmarks()), datamodule
+    return STAREModule.from_config(cfg, str(model_dir), datamodule.val_benchmarks(), tool=tool), datamodule
 
 
 def _checkpoint_path(cfg: RunConfig) -> str | None:

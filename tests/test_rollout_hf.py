@@ -83,6 +83,33 @@ def test_custom_stop_ids(model_and_tokenizer):
         assert reason == "stop" and ids[-1] in stops and not set(ids[:-1]) & set(stops)
 
 
+def test_stop_strings_and_per_prompt_budgets(model_and_tokenizer):
+    """A row ends at the token that completes its first stop string (kept), at EOS, or at its own budget; the
+    prefix before the stop is the sample a run without stop strings draws (same seeds)."""
+    model, tok = model_and_tokenizer
+    engine = HFRolloutEngine(model, tok)
+    prompts, stop = _prompt_ids(tok), ("e", "42")
+    budgets = [5, 30, 17]
+    params = SamplingParams(n=6, max_new_tokens=30, seed=3, stop=stop)
+    out = engine.generate(prompts, params, max_new_tokens=budgets)
+    free = engine.generate(prompts, SamplingParams(n=6, max_new_tokens=30, seed=3))
+    stopped = 0
+    for row, (ids, reason) in enumerate(zip(out.response_ids, out.finish_reasons)):
+        budget = budgets[row // 6]
+        assert 1 <= len(ids) <= budget
+        assert free.response_ids[row][: len(ids)] == ids  # stopping never changes what was drawn before
+        texts = [tok.decode(ids[:t], skip_special_tokens=True) for t in range(1, len(ids) + 1)]
+        first_hit = next((t + 1 for t, text in enumerate(texts) if any(s in text for s in stop)), None)
+        if first_hit is not None:  # the first stop string ends the response, with the token that completes it
+            assert first_hit == len(ids) and reason == "stop"
+            stopped += 1
+        elif reason == "stop":
+            assert ids[-1] == tok.eos_token_id
+        else:
+            assert len(ids) == budget
+    assert stopped > 0, "no row hit a stop string: the property is not exercised"
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_a_separate_forward(model_and_tokenizer, temperature):
     model, tok = model_and_tokenizer

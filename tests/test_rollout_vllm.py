@@ -119,6 +119,27 @@ def test_eos_is_kept_and_ends_the_response(engine, tokenizer):
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
+def test_stop_strings_and_per_prompt_budgets(engine, tokenizer):
+    """As the HF engine: a row ends with the token that completes its first stop string (text included), at
+    EOS or at its own budget, and what it drew before the stop is the unstopped sample of the same seed."""
+    prompts, stop, budgets = [tokenizer.encode("go"), tokenizer.encode("xy")], ("e", "42"), [7, 30]
+    out = engine.generate(prompts, SamplingParams(n=8, max_new_tokens=30, seed=4, stop=stop), max_new_tokens=budgets)
+    free = engine.generate(prompts, SamplingParams(n=8, max_new_tokens=30, seed=4))
+    stopped = 0
+    for row, (ids, text, reason) in enumerate(zip(out.response_ids, out.texts, out.finish_reasons)):
+        assert 1 <= len(ids) <= budgets[row // 8]
+        assert free.response_ids[row][: len(ids)] == ids
+        texts = [tokenizer.decode(ids[:t], skip_special_tokens=True) for t in range(1, len(ids) + 1)]
+        first_hit = next((t + 1 for t, prefix in enumerate(texts) if any(s in prefix for s in stop)), None)
+        if first_hit is not None:
+            assert first_hit == len(ids) and reason == "stop" and text == texts[-1]
+            stopped += 1
+    assert stopped > 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
 def test_same_seed_same_rollouts_and_training_rng_untouched(engine, tokenizer):
     prompts = [tokenizer.encode("ab"), tokenizer.encode("cd")]
     params = SamplingParams(n=3, max_new_tokens=12, seed=5)
@@ -327,7 +348,8 @@ def _sharded_worker(rank: int, world: int, tiny_dir: str):
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stare_lightning.rollout.vllm import VLLMRolloutEngine, iter_full_weights
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+    from stare_lightning.rollout.weights import iter_full_weights
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)

@@ -3,7 +3,7 @@
 Hydra composes YAML from ``conf/``; ``to_run_config`` merges it onto these dataclasses, so an unknown key
 or a wrongly typed value fails with the key's full name, and each ``__post_init__`` checks ranges and
 choices (with the helpers of ``config/checks.py``). Each group's schema lives in its package
-(``algorithms/config.py``, ``data/config.py``, ``models/config.py``, ``rollout/config.py``,
+(``algorithms/config.py``, ``data/config.py``, ``models/config.py``, ``rollout/config.py``, ``tools/config.py``,
 ``trainer/config.py``); this module assembles them into ``RunConfig``. Groups whose entries are plain
 constructor calls (trainer, callbacks, logger) keep their ``_target_`` form and are checked by
 ``safe_instantiate``'s allow-list instead.
@@ -21,6 +21,7 @@ from stare_lightning.config.checks import flag, number
 from stare_lightning.data.config import DataConfig
 from stare_lightning.models.config import ModelConfig
 from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.tools.config import ToolsConfig
 from stare_lightning.trainer.config import OptimConfig
 
 
@@ -66,6 +67,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     trainer: Any = None
     callbacks: Any = None
     logger: Any = None
@@ -81,12 +83,30 @@ class RunConfig:
                 f"rollouts (rollout.backend={self.rollout.backend}, trainer.accelerator={accelerator}); "
                 "set it false, or run vLLM on GPUs"
             )
+        self._check_tool_settings()
         # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
         largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
         if max(self.validation.pass_k) > largest_n:
             raise ValueError(
                 f"validation.pass_k={self.validation.pass_k} has k > every benchmark's samples per problem "
                 f"(rollout.val_n={self.rollout.val_n}, data.val_sets n up to {largest_n})"
+            )
+
+
+    def _check_tool_settings(self) -> None:
+        """Settings that only mean something in tool-using episodes are refused without a tool."""
+        if self.tools.name != "none":
+            return
+        if self.rollout.max_turns is not None:
+            raise ValueError(
+                f"rollout.max_turns={self.rollout.max_turns} does nothing with tools=none (no episode calls a "
+                "tool): remove it, or choose a tool, e.g. tools=calculator or tools=python"
+            )
+        cold = self.model.cold_start
+        if cold is not None and cold.tool_traces:
+            raise ValueError(
+                "model.cold_start.tool_traces=true needs a tool to write traces for, but tools=none: "
+                "set it false, or choose a tool, e.g. tools=calculator"
             )
 
 

@@ -61,21 +61,27 @@ def _run(cfg: RunConfig, datamodule, todo: list[str]) -> list[dict]:
 
     from stare_lightning.config.instantiate import safe_instantiate
     from stare_lightning.module import STAREModule
+    from stare_lightning.tools import build_tool_from_config
 
     datamodule.val_records = [r for r in datamodule.val_records if r.metadata["data_source"] in todo]
-    model_dir = _model_dir(cfg, datamodule)
+    tool = build_tool_from_config(cfg.tools)  # a missing or broken sandbox fails before the model
+    model_dir = _model_dir(cfg, datamodule, tool)
     datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
-    module = STAREModule.from_config(cfg, str(model_dir), todo)
+    module = STAREModule.from_config(cfg, str(model_dir), todo, tool=tool)
     recorder = SampleRecorder(todo)
     trainer = safe_instantiate(
         {**dict(cfg.trainer), "enable_checkpointing": False, "enable_progress_bar": False},
         callbacks=[recorder], logger=False, extra_allowed=cfg.allowed_targets, where="trainer", _convert_="all",
     )  # fmt: skip
-    trainer.validate(module, datamodule=datamodule, verbose=False)
+    try:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    finally:
+        if tool is not None:
+            tool.close()
     return recorder.samples
 
 
-def _model_dir(cfg: RunConfig, datamodule) -> Path:
+def _model_dir(cfg: RunConfig, datamodule, tool) -> Path:
     """The HF directory to evaluate: the exported checkpoint, or the model group's model."""
     from stare_lightning.train import prepare_model
 
@@ -83,7 +89,7 @@ def _model_dir(cfg: RunConfig, datamodule) -> Path:
         from stare_lightning.models.export import export_checkpoint
 
         return export_checkpoint(cfg.ckpt_path, Path(cfg.output_dir) / "model")
-    return prepare_model(cfg, datamodule)
+    return prepare_model(cfg, datamodule, tool)
 
 
 def _finished(out: Path, sampling: dict) -> tuple[set[str], list[dict]]:

@@ -29,6 +29,7 @@ from stare_lightning.metrics.step_stats import (
     UpdateLoss,
 )
 from stare_lightning.metrics.text import ReflectionWords
+from stare_lightning.metrics.tool_use import ToolUse, after_tool_mask
 
 
 def _grouped(texts: Sequence[str], n: int) -> list[list[str]]:
@@ -40,13 +41,22 @@ class TrainTelemetry(nn.Module):
 
     Order within a step: ``batch_entropy`` (H_k, before the gate), ``add_micro_batch`` for every
     micro-batch of the update, ``add_optimizer_step`` for every optimizer step and ``add_selection`` for
-    every STARE selection applied, then ``compute`` once.
+    every STARE selection applied, then ``compute`` once. With ``tool_use`` the step also reports its
+    episodes' tool calls (``metrics.tool_use``) and the entropy of the policy tokens right after a tool's
+    reply (``entropy/after_tool``) and of the other policy tokens (``entropy/elsewhere``).
     """
 
     def __init__(
-        self, reflection_words: Sequence[str] | None = None, forecast_window: int = 20, same_batch: bool = False
+        self,
+        reflection_words: Sequence[str] | None = None,
+        forecast_window: int = 20,
+        same_batch: bool = False,
+        tool_use: bool = False,
     ) -> None:
         super().__init__()
+        self.tool = ToolUse() if tool_use else None
+        self.entropy_after_tool = TokenEntropy() if tool_use else None
+        self.entropy_elsewhere = TokenEntropy() if tool_use else None
         # The same-batch entropy change (``add_entropy_change``) is measured only on request: it costs forwards.
         self.same_batch = SameBatchEntropyChange() if same_batch else None
         self.entropy = TokenEntropy()
@@ -81,12 +91,17 @@ class TrainTelemetry(nn.Module):
             self.grad_norm,
             self.rollout,
             *([self.same_batch] if self.same_batch is not None else []),
+            *([self.tool] if self.tool is not None else []),
         )
 
     def batch_entropy(self, entropy: Tensor, mask: Tensor) -> float:
         """H_k: token-mean entropy of the rollout policy over every valid response token of the step, all ranks."""
         self.entropy.reset()
         self.entropy.update(entropy, mask)
+        if self.tool is not None:
+            after = after_tool_mask(mask)
+            self.entropy_after_tool.update(entropy, after)
+            self.entropy_elsewhere.update(entropy, mask.bool() & ~after)
         return float(self.entropy.compute()["entropy"])
 
     def add_selection(
@@ -141,10 +156,16 @@ class TrainTelemetry(nn.Module):
             batches=stats.generation_batches,
         )
         self.gate_rate.update(bool(stare_params.gate_on))
+        if self.tool is not None:
+            self.tool.update(collection.episodes)
         out: dict[str, float] = {}
         for metric in self._per_step():
             out.update({k: float(v) for k, v in metric.compute().items()})
             metric.reset()
+        if self.tool is not None:
+            for key, metric in (("after_tool", self.entropy_after_tool), ("elsewhere", self.entropy_elsewhere)):
+                out[f"entropy/{key}"] = float(metric.compute()["entropy"])
+                metric.reset()
         out["entropy"] = entropy
         out["lr"] = lr
         out["stare/gate_on"] = float(stare_params.gate_on)
@@ -209,9 +230,11 @@ class ValidationTelemetry(nn.Module):
         pass_k: Sequence[int],
         reflection_words: Sequence[str] | None = None,
         benchmarks: dict[str, int] | None = None,
+        tool_use: bool = False,
     ) -> None:
         super().__init__()
         self.benchmarks = dict(benchmarks or {})
+        self.tool = ToolUse() if tool_use else None
         smallest_n = min(self.benchmarks.values(), default=max(pass_k))
         self.avg = AvgAtN()
         self.pass_at = PassAtK(k=[k for k in pass_k if k <= smallest_n] or [1])
@@ -225,7 +248,8 @@ class ValidationTelemetry(nn.Module):
         )
 
     def _metrics(self) -> tuple:
-        return (self.avg, self.pass_at, self.distinct, self.reflection, self.lengths, self.truncated)
+        pooled = (self.avg, self.pass_at, self.distinct, self.reflection, self.lengths, self.truncated)
+        return pooled + ((self.tool,) if self.tool is not None else ())
 
     def update(self, rollouts, scores: Sequence[float], benchmark: str | None = None, majority=None) -> None:
         """One batch of ``rollouts`` (``n`` samples per prompt), the verifier's score of each sample, the
@@ -233,7 +257,8 @@ class ValidationTelemetry(nn.Module):
         n = rollouts.n
         correct = torch.tensor(list(scores), dtype=torch.float32).view(-1, n) > 0.5
         num_correct = correct.sum(-1)
-        lengths = torch.tensor([len(r) for r in rollouts.response_ids], dtype=torch.float32)
+        # Tokens the policy sampled, as in training (a tool's replies are not the policy's length).
+        lengths = torch.tensor([sum(m) for m in rollouts.policy_masks], dtype=torch.float32)
         truncated = torch.tensor([reason == "length" for reason in rollouts.finish_reasons])
         self.avg.update(num_correct, n)
         self.pass_at.update(num_correct, n)
@@ -241,6 +266,8 @@ class ValidationTelemetry(nn.Module):
         self.reflection.update(rollouts.texts)
         self.lengths.update(lengths)
         self.truncated.update(truncated)
+        if self.tool is not None:
+            self.tool.update(rollouts.episodes)
         if benchmark is not None and _module_key(benchmark) in self.per_benchmark:
             votes = torch.zeros(len(num_correct), dtype=torch.bool) if majority is None else torch.tensor(majority)
             self.per_benchmark[_module_key(benchmark)].update(num_correct, votes, lengths, truncated)

@@ -17,9 +17,13 @@ class ColdStartConfig:
     batch_size: int = 64
     lr: float = 3e-3
     seed: int = 0
+    # Warm up on tool-using traces of the task (calls, the tool's replies, then the answer) instead of bare
+    # solutions: the analogue of the cold start on tool traces before RL with a tool (needs `tools`).
+    tool_traces: bool = False
 
     def __post_init__(self) -> None:
         p = "model.cold_start."
+        flag(f"{p}tool_traces", self.tool_traces)
         number(f"{p}steps", self.steps, low=0, integer=True)
         number(f"{p}batch_size", self.batch_size, low=1, integer=True)
         number(f"{p}lr", self.lr, low=0.0, low_open=True)

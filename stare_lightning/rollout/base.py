@@ -9,6 +9,10 @@ Seeding: sample ``j`` of prompt ``i`` is drawn from a random stream seeded ``see
 convention for ``n > 1``), in both backends. With ``prompt_seeds`` keyed by record id, a prompt's samples
 do not depend on which other prompts share its batch or its rank, so a run sharded over two ranks samples
 what a one-rank run on the same global batch samples.
+
+Multi-turn episodes (``rollout.episodes``) are built on ``generate``: a response may then hold tokens the
+policy did not sample (a tool's output), which ``Rollouts.policy_masks`` marks, and ``Rollouts.episodes``
+says how each episode went.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     seed: int | None = None
+    # Generation also stops once the response's text contains one of these (a closed tool call); the token
+    # that completes it is the response's last.
+    stop: tuple[str, ...] = ()
 
     @property
     def truncates_support(self) -> bool:
@@ -43,25 +50,58 @@ class SamplingParams:
         return self.top_p < 1.0 or self.top_k > 0
 
 
+FINISH_REASONS = ("stop", "length", "turns")
+ENDINGS = ("answer", "turns", "tokens")
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """How one response came about: a single turn by default, or an episode with tool calls."""
+
+    turns: int = 1  # generation turns (one more than the tool calls answered, unless a budget cut it)
+    tool_calls: int = 0  # calls the policy made, malformed ones included
+    tool_errors: int = 0  # calls answered with an error (malformed, failed or timed out)
+    tool_timeouts: int = 0
+    malformed_calls: int = 0
+    tool_seconds: float = 0.0
+    ended_by: str = "answer"  # answer (EOS or a turn without a call), turns (max_turns), tokens (budget)
+    # The episode's text turn by turn, ("policy" | "tool", text), for the rollout dump; empty for a single turn.
+    segments: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class Rollouts:
-    """``len(prompts) * n`` responses, grouped: rows ``[i * n, (i + 1) * n)`` answer prompt ``i``."""
+    """``len(prompts) * n`` responses, grouped: rows ``[i * n, (i + 1) * n)`` answer prompt ``i``.
+
+    ``policy_masks[r][t]`` is False where token ``t`` of response ``r`` was not sampled by the policy (a tool
+    output); its log-prob there is 0. Left out (None), every token was sampled and every row is one turn.
+    """
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     response_logprobs: list[list[float]]
     texts: list[str]
-    finish_reasons: list[str]  # "stop" (EOS or stop string) or "length"
+    finish_reasons: list[str]  # "stop" (EOS or stop string), "length" (token budget), "turns" (tool-call budget)
     n: int
     generation_seconds: float = 0.0
+    tool_seconds: float = 0.0  # wall time spent in tool calls (not in generation_seconds)
+    policy_masks: list[list[bool]] | None = None
+    episodes: list[EpisodeStats] | None = None
 
     def __post_init__(self) -> None:
         rows = len(self.response_ids)
         if rows % self.n:
             raise ValueError(f"{rows} responses cannot be grouped by n={self.n}")
-        for name in ("prompt_ids", "response_logprobs", "texts", "finish_reasons"):
+        if self.policy_masks is None:
+            self.policy_masks = [[True] * len(r) for r in self.response_ids]
+        if self.episodes is None:
+            self.episodes = [EpisodeStats()] * rows
+        for name in ("prompt_ids", "response_logprobs", "texts", "finish_reasons", "policy_masks", "episodes"):
             if len(getattr(self, name)) != rows:
                 raise ValueError(f"Rollouts.{name} has {len(getattr(self, name))} rows, expected {rows}")
+        for row, (mask, response) in enumerate(zip(self.policy_masks, self.response_ids)):
+            if len(mask) != len(response):
+                raise ValueError(f"Rollouts.policy_masks[{row}] has {len(mask)} entries for {len(response)} tokens")
 
     @property
     def num_groups(self) -> int:
@@ -69,7 +109,8 @@ class Rollouts:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(r) for r in self.response_ids)
+        """Tokens the engine generated (tool outputs excluded)."""
+        return sum(sum(mask) for mask in self.policy_masks)
 
 
 @runtime_checkable
@@ -82,11 +123,16 @@ class RolloutEngine(Protocol):
     """
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> Rollouts:
         """Sample ``params.n`` responses for each prompt (token ids without padding).
 
         ``seeds``: one per prompt (see ``request_seeds``); without them they derive from ``params.seed``.
+        ``max_new_tokens``: one budget per prompt, in place of ``params.max_new_tokens``.
         """
         ...
 
@@ -114,6 +160,15 @@ def prompt_seeds(base_seed: int, keys: Sequence[str], n: int) -> list[int]:
         digest = hashlib.blake2b(f"{base_seed}/{key}".encode(), digest_size=8).digest()
         seeds.append(int.from_bytes(digest, "little") % (2**31 - n))
     return seeds
+
+
+def request_budgets(params: SamplingParams, num_prompts: int, budgets: Sequence[int] | None) -> list[int]:
+    """The per-prompt token budgets an engine uses: the caller's (each >= 1), else ``params.max_new_tokens``."""
+    if budgets is None:
+        return [params.max_new_tokens] * num_prompts
+    if len(budgets) != num_prompts or any(int(b) < 1 for b in budgets):
+        raise ValueError(f"max_new_tokens needs one budget >= 1 per prompt ({num_prompts}), got {list(budgets)}")
+    return [int(b) for b in budgets]
 
 
 def request_seeds(params: SamplingParams, num_prompts: int, seeds: Sequence[int] | None) -> list[int | None]:

@@ -20,6 +20,7 @@ from stare_lightning.config.checks import choice, flag, number
 from stare_lightning.rollout.base import SamplingParams
 
 BACKENDS = ("auto", "vllm", "hf")
+DEFAULT_MAX_TURNS = 4  # tool calls answered per episode when rollout.max_turns is null
 # vllm.LLM arguments the project sets itself, and where each comes from.
 ENGINE_OWNED_KEYS = {
     "model": "use model.name_or_path",
@@ -49,7 +50,8 @@ COMMON_ENGINE_KEYS = (
 class RolloutConfig:
     backend: str = "auto"  # auto: vLLM where installed, else HF generate
     n: int = 8
-    max_new_tokens: int = 32
+    max_new_tokens: int = 32  # with a tool: the whole episode after the prompt, tool replies included
+    max_turns: int | None = None  # tool calls answered per episode (with a tool; null: 4)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
@@ -68,6 +70,8 @@ class RolloutConfig:
         choice(f"{p}backend", self.backend, BACKENDS)
         for key in ("n", "max_new_tokens", "val_n", "tensor_parallel_size", "canary_patience"):
             number(f"{p}{key}", getattr(self, key), low=1, integer=True)
+        if self.max_turns is not None:
+            number(f"{p}max_turns", self.max_turns, low=1, integer=True)
         if self.n < 2:
             raise ValueError(f"{p}n={self.n} is out of range: must be >= 2 for group-relative advantages")
         number(f"{p}top_k", self.top_k, low=0, integer=True)
@@ -77,6 +81,10 @@ class RolloutConfig:
             number(f"{p}{key}", getattr(self, key), low=0.0, high=1.0, low_open=True)
         flag(f"{p}enable_sleep_mode", self.enable_sleep_mode)
         self.engine_kwargs = _checked_engine_kwargs(self.engine_kwargs, self.backend)
+
+    def episode_turns(self) -> int:
+        """Tool calls answered per episode (with a tool)."""
+        return DEFAULT_MAX_TURNS if self.max_turns is None else self.max_turns
 
     def training_sampling(self) -> SamplingParams:
         """How training rollouts are sampled: ``n`` per prompt at ``temperature``, ``top_p``, ``top_k``."""

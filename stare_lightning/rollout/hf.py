@@ -8,6 +8,10 @@ same temperature computes, so the two agree up to kernel noise. Under top-p/top-
 from the truncated, renormalised distribution while these log-probs are taken over the full vocabulary,
 so importance ratios built on them carry the truncation bias (see ``SamplingParams.truncates_support``).
 
+Stopping. A row ends at its first EOS, once its decoded text contains one of ``params.stop`` (the token that
+completes the stop string is kept, as vLLM keeps it) or at its own token budget, whichever comes first; a
+stopping criterion marks finished rows so that a batch ends when all its rows have.
+
 Sampling. ``generate`` runs greedy search over logits that a processor has warped (temperature, top-k,
 top-p, in transformers' order) and then perturbed: ``argmax(z - log E)`` with ``E ~ Exp(1)`` drawn
 independently per vocabulary entry is an exact sample from ``softmax(z)`` (the exponential race, as in
@@ -38,9 +42,10 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 from stare_lightning.distributed import is_distributed
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
 
 # Upper bound on the raw logits kept during one generate call ([rows, steps, vocab] fp32); larger
 # rollout batches are generated in chunks of rows.
@@ -85,7 +90,11 @@ class HFRolloutEngine:
     # -- protocol -------------------------------------------------------------------------------------
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> Rollouts:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("Every prompt needs at least one token")
@@ -94,23 +103,27 @@ class HFRolloutEngine:
         # Unseeded prompts take their seed from torch's global generator, so torch.manual_seed still governs them.
         prompt_seeds = [int(torch.randint(2**31 - params.n, ())) if s is None else s for s in prompt_seeds]
         row_seeds = [s + j for s in prompt_seeds for j in range(params.n)]
+        row_budgets = [b for b in request_budgets(params, len(prompt_ids), max_new_tokens) for _ in range(params.n)]
         start = time.perf_counter()
         response_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
         finish: list[str] = []
         synced = _needs_synced_generation(self.model)
         with _eval_mode(self.model), torch.no_grad():
-            chunk = self._rows_per_call(params, len(rows))
+            chunk = self._rows_per_call(max(row_budgets, default=1), len(rows))
             chunks = [rows[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
             chunk_seeds = [row_seeds[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
+            chunk_budgets = [row_budgets[lo : lo + chunk] for lo in range(0, len(rows), chunk)]
             calls = _max_over_ranks(len(chunks), self._device()) if synced else len(chunks)
             for call in range(calls):
                 if call >= len(chunks):
                     # This rank is out of rows but the others are still generating: join their forward
                     # passes with a throwaway row so the all-gathers line up.
-                    self._generate_rows(rows[:1] or [[self.pad_token_id]], [0], params, synced)
+                    self._generate_rows(rows[:1] or [[self.pad_token_id]], [0], [1], params, synced)
                     continue
-                ids, lps, reasons = self._generate_rows(chunks[call], chunk_seeds[call], params, synced)
+                ids, lps, reasons = self._generate_rows(
+                    chunks[call], chunk_seeds[call], chunk_budgets[call], params, synced
+                )
                 response_ids += ids
                 logprobs += lps
                 finish += reasons
@@ -146,11 +159,11 @@ class HFRolloutEngine:
         param = next(self.model.parameters(), None)
         return param.device if param is not None else torch.device("cpu")
 
-    def _rows_per_call(self, params: SamplingParams, total_rows: int) -> int:
+    def _rows_per_call(self, max_new_tokens: int, total_rows: int) -> int:
         if self.max_batch_size is not None:
             return self.max_batch_size
         vocab = self._vocab_size()
-        per_row = max(1, params.max_new_tokens * vocab * 4)
+        per_row = max(1, max_new_tokens * vocab * 4)
         return max(1, min(total_rows, self.logits_budget_bytes // per_row))
 
     def _vocab_size(self) -> int:
@@ -158,7 +171,7 @@ class HFRolloutEngine:
         vocab = getattr(config, "vocab_size", None)
         return int(vocab) if vocab else len(self.tokenizer)
 
-    def _generation_config(self, params: SamplingParams):
+    def _generation_config(self, params: SamplingParams, max_new_tokens: int):
         from transformers import GenerationConfig
 
         # Greedy search over the processors' perturbed logits (see the module docstring). Every knob that
@@ -167,7 +180,7 @@ class HFRolloutEngine:
         return GenerationConfig(
             do_sample=False,
             num_beams=1,
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             min_new_tokens=0,
             typical_p=1.0,
             epsilon_cutoff=0.0,
@@ -182,7 +195,7 @@ class HFRolloutEngine:
         )
 
     def _generate_rows(
-        self, rows: list[list[int]], row_seeds: list[int], params: SamplingParams, synced: bool
+        self, rows: list[list[int]], row_seeds: list[int], budgets: list[int], params: SamplingParams, synced: bool
     ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         device = self._device()
         width = max(len(r) for r in rows)
@@ -191,11 +204,13 @@ class HFRolloutEngine:
         for i, r in enumerate(rows):
             input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             attention_mask[i, width - len(r) :] = 1
+        ends = ResponseEnds(self.tokenizer, self.eos_token_ids, params.stop, budgets)
         out = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            generation_config=self._generation_config(params),
+            generation_config=self._generation_config(params, max(budgets)),
             logits_processor=_sampling_processors(params, row_seeds, device),
+            stopping_criteria=StoppingCriteriaList([_RowsFinished(ends, width)]),
             synced_gpus=synced,
         )
         new_tokens = out.sequences[:, width:].cpu()
@@ -204,18 +219,57 @@ class HFRolloutEngine:
         for t, logits in enumerate(out.logits[:steps]):
             lp = F.log_softmax(logits.float() / params.temperature, dim=-1)
             token_logprobs[:, t] = lp.gather(-1, new_tokens[:, t : t + 1].to(lp.device)).squeeze(-1).cpu()
-        eos = torch.tensor(self.eos_token_ids)
         ids_out, lps_out, reasons = [], [], []
         for i in range(len(rows)):
-            hits = torch.isin(new_tokens[i], eos).nonzero()
-            if len(hits):
-                end, reason = int(hits[0]) + 1, "stop"  # the EOS itself belongs to the response
-            else:
-                end, reason = steps, "length"
+            end, reason = ends.end(i, new_tokens[i].tolist())
             ids_out.append(new_tokens[i, :end].tolist())
             lps_out.append(token_logprobs[i, :end].tolist())
             reasons.append(reason)
         return ids_out, lps_out, reasons
+
+
+class ResponseEnds:
+    """Where each row's response ends: its first EOS (kept), the token that completes a stop string (kept),
+    or its token budget. Stop strings are looked for in the decoded text of the last few tokens, enough to
+    hold the longest stop string."""
+
+    def __init__(self, tokenizer, eos_token_ids: Sequence[int], stop: Sequence[str], budgets: Sequence[int]) -> None:
+        self.tokenizer, self.eos, self.stop, self.budgets = tokenizer, set(eos_token_ids), tuple(stop), list(budgets)
+        # A token decodes to at least one character, except pieces of a multi-byte character: some slack.
+        self.window = max((len(s) for s in self.stop), default=0) + 4
+
+    def finished(self, row: int, tokens: list[int]) -> bool:
+        """Whether a row with these generated tokens is done (called after every decoding step)."""
+        if not tokens:
+            return False
+        return len(tokens) >= self.budgets[row] or tokens[-1] in self.eos or self._stops_at(tokens, len(tokens))
+
+    def end(self, row: int, tokens: list[int]) -> tuple[int, str]:
+        """(number of tokens kept, finish reason) for a row's generated tokens (padding after its end ignored)."""
+        for t, token in enumerate(tokens[: self.budgets[row]]):
+            if token in self.eos or self._stops_at(tokens, t + 1):
+                return t + 1, "stop"
+        return min(len(tokens), self.budgets[row]), "length"
+
+    def _stops_at(self, tokens: list[int], end: int) -> bool:
+        """Whether the text of ``tokens[:end]`` contains a stop string that its last token completes."""
+        if not self.stop:
+            return False
+        tail = self.tokenizer.decode(tokens[max(0, end - self.window) : end], skip_special_tokens=True)
+        before = self.tokenizer.decode(tokens[max(0, end - self.window) : end - 1], skip_special_tokens=True)
+        return any(s in tail and s not in before for s in self.stop)
+
+
+class _RowsFinished(StoppingCriteria):
+    """Tells ``generate`` which rows are done (so the batch stops when all are), from ``ResponseEnds``."""
+
+    def __init__(self, ends: ResponseEnds, prompt_width: int) -> None:
+        self.ends, self.prompt_width = ends, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        generated = input_ids[:, self.prompt_width :].tolist()
+        done = [self.ends.finished(row, tokens) for row, tokens in enumerate(generated)]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:

@@ -54,11 +54,10 @@ import torch
 
 from stare_lightning.console import native_output_to_log
 from stare_lightning.distributed import is_distributed, process_group_exists
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_seeds
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.weights import iter_full_weights
 
 logger = logging.getLogger(__name__)
-# Wrapper infixes that torch/Lightning put into parameter names; vLLM expects plain checkpoint names.
-_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 _DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 _SPLIT_PREFILL = (
     "vLLM cannot rewind a seeded CPU generator after a chunked prefill step; keep chunked prefill off on CPU "
@@ -173,28 +172,22 @@ class VLLMRolloutEngine:
     # -- protocol -------------------------------------------------------------------------------------
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> Rollouts:
-        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("Every prompt needs at least one token")
         if self._asleep:
             self.wake()
+        budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
         requests = [
-            VLLMSamplingParams(
-                n=params.n,
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else -1,
-                seed=s,
-                logprobs=0,  # the sampled token's log-prob only
-                detokenize=True,
-                skip_special_tokens=True,
-            )
-            for s in request_seeds(params, len(prompt_ids), seeds)
+            _request(params, seed, budget)
+            for seed, budget in zip(request_seeds(params, len(prompt_ids), seeds), budgets)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
@@ -272,6 +265,25 @@ class VLLMRolloutEngine:
             torch.cuda.empty_cache()
 
 
+def _request(params: SamplingParams, seed: int | None, budget: int):
+    """vLLM's sampling settings of one prompt."""
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(
+        n=params.n,
+        max_tokens=budget,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        seed=seed,
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=True,
+        skip_special_tokens=True,
+        stop=list(params.stop) or None,
+        include_stop_str_in_output=True,  # the text ends with the call it closes, like the tokens
+    )
+
+
 def _platform_kwargs(on_cpu: bool, kv_cache_memory_bytes: int | None, llm_kwargs: dict) -> dict[str, Any]:
     """The KV-cache size and, on CPU, chunked prefill off (module docstring), under the caller's ``llm_kwargs``."""
     if on_cpu and kv_cache_memory_bytes is None:
@@ -335,27 +347,6 @@ def _quiet_rotary_reload_warning() -> None:
     logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if not any(isinstance(f, _DropRotaryReloadWarning) for f in logger.filters):
         logger.addFilter(_DropRotaryReloadWarning())
-
-
-def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(checkpoint_name, full_tensor)`` for every parameter, in module order.
-
-    FSDP2 ``DTensor`` parameters are all-gathered one at a time; every rank must run this loop to the end.
-    """
-    from torch.distributed.tensor import DTensor
-
-    for name, param in model.named_parameters():
-        tensor = param.detach()
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        yield checkpoint_name(name), tensor
-
-
-def checkpoint_name(name: str) -> str:
-    """Strip the wrapper infixes (torch.compile, activation checkpointing, DDP) from a parameter name."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
 
 
 def _rank_kwargs(seed: int, tensor_parallel_size: int) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Layout of one row: the prompt left-padded to the step's longest prompt, then the response right-padded
 to the step's longest response. Every response therefore starts at the same column, so the logits that
 score response token ``t`` sit at column ``prompt_width - 1 + t`` for every row, and a micro-batch only
-has to trim the columns its own rows never use.
+has to trim the columns its own rows never use. In a tool-using episode the response also holds the tool's
+replies: attended like every other token, but outside ``response_mask`` (the tokens the policy sampled), so
+nothing that reads the mask (loss, selection, entropy, telemetry, canary) ever sees them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class RolloutBatch:
 
     input_ids: Tensor  # [N, prompt_width + response_width]
     attention_mask: Tensor  # [N, prompt_width + response_width]
-    response_mask: Tensor  # [N, response_width], bool: the tokens the policy sampled
+    response_mask: Tensor  # [N, response_width], bool: the tokens the policy sampled (not tool replies, not padding)
     prompt_width: int
     rewards: Tensor  # [N]
     advantages: Tensor  # [N]
@@ -55,7 +57,7 @@ class RolloutBatch:
     def trimmed(self: Rows) -> Rows:
         """Drop the padding columns no row uses (left of the prompts, right of the responses)."""
         prompt_lengths = self.attention_mask[:, : self.prompt_width].sum(-1)
-        response_lengths = self.response_mask.sum(-1)
+        response_lengths = self.attention_mask[:, self.prompt_width :].sum(-1)  # tool replies included
         left = self.prompt_width - int(prompt_lengths.max().item()) if self.num_rows else 0
         width = max(int(response_lengths.max().item()) if self.num_rows else 0, 1)
         values = {}
@@ -118,15 +120,15 @@ def build_rollout_batch(rollouts: Rollouts, rewards: Tensor, advantages: Tensor,
     attention_mask = torch.zeros_like(input_ids)
     response_mask = torch.zeros(rows, response_width, dtype=torch.bool)
     rollout_logprobs = torch.zeros(rows, response_width)
-    for i, (prompt, response, logprobs) in enumerate(
-        zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.response_logprobs)
+    for i, (prompt, response, logprobs, sampled) in enumerate(
+        zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.response_logprobs, rollouts.policy_masks)
     ):
         start = prompt_width - len(prompt)
         input_ids[i, start:prompt_width] = torch.tensor(prompt, dtype=torch.long)
         attention_mask[i, start : prompt_width + len(response)] = 1
         if response:
             input_ids[i, prompt_width : prompt_width + len(response)] = torch.tensor(response, dtype=torch.long)
-            response_mask[i, : len(response)] = True
+            response_mask[i, : len(response)] = torch.tensor(sampled, dtype=torch.bool)
             rollout_logprobs[i, : len(response)] = torch.tensor(logprobs, dtype=torch.float32)
     return RolloutBatch(
         input_ids=input_ids,

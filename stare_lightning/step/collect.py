@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from torch import Tensor
 from stare_lightning import distributed
 from stare_lightning.algorithms import AlgorithmConfig, compute_advantages, overlong_penalty, zero_variance_groups
 from stare_lightning.rewards.pool import ScoreResult, VerifierPool
-from stare_lightning.rollout.base import RolloutEngine, Rollouts, SamplingParams, prompt_seeds
+from stare_lightning.rollout.base import EpisodeStats, RolloutEngine, Rollouts, SamplingParams, prompt_seeds
 from stare_lightning.step.batch import RolloutBatch, build_rollout_batch
 
 
@@ -51,6 +51,7 @@ class CollectionStats:
     verifier_timeouts: int = 0
     verifier_errors: int = 0
     generation_seconds: float = 0.0
+    tool_seconds: float = 0.0
     verify_seconds: float = 0.0
     generated_tokens: int = 0
     generated_rewards: list[Tensor] = field(default_factory=list)  # [groups, n] per batch
@@ -61,6 +62,7 @@ class CollectionStats:
         self.verifier_timeouts += scored.verifier_timeouts
         self.verifier_errors += scored.verifier_errors
         self.generation_seconds += scored.rollouts.generation_seconds
+        self.tool_seconds += scored.rollouts.tool_seconds
         self.verify_seconds += scored.verify_seconds
         self.generated_tokens += scored.rollouts.num_tokens
         self.generated_rewards.append(scored.rewards)
@@ -77,13 +79,16 @@ class Collection:
     truncated: Tensor  # bool [rows]: the response hit the token budget (finish reason "length")
     correct: Tensor  # [groups, n] verifier scores of the kept responses
     stats: CollectionStats
+    episodes: list[EpisodeStats]  # how each kept response came about (tool calls, turns)
 
     def samples(self) -> list[dict]:
-        """Per prompt group: prompt, answer, responses, rewards and advantages (for the rollout dump)."""
+        """Per prompt group: prompt, answer, responses, rewards and advantages (for the rollout dump); with a
+        tool, each response's episode too: its turns, marked "policy" or "tool", and its counters."""
         n = self.correct.shape[1]
         rewards, advantages = self.batch.rewards.tolist(), self.batch.advantages.tolist()
-        return [
-            {
+        groups = []
+        for g, item in enumerate(self.items):
+            group = {
                 "id": item.get("id"),
                 "prompt": item.get("prompt_text"),
                 "answer": item.get("answer"),
@@ -91,8 +96,11 @@ class Collection:
                 "rewards": rewards[g * n : (g + 1) * n],
                 "advantages": advantages[g * n : (g + 1) * n],
             }
-            for g, item in enumerate(self.items)
-        ]
+            episodes = self.episodes[g * n : (g + 1) * n]
+            if any(e.segments for e in episodes):
+                group["episodes"] = [asdict(e) for e in episodes]
+            groups.append(group)
+        return groups
 
 
 def verify(items: Sequence[dict], rollouts: Rollouts, pool: VerifierPool) -> ScoreResult:
@@ -197,7 +205,15 @@ def _budget_exhausted(cfg: AlgorithmConfig, have: int, target: int, batches: int
     )
 
 
-_ROLLOUT_FIELDS = ("prompt_ids", "response_ids", "response_logprobs", "texts", "finish_reasons")
+_ROLLOUT_FIELDS = (
+    "prompt_ids",
+    "response_ids",
+    "response_logprobs",
+    "texts",
+    "finish_reasons",
+    "policy_masks",
+    "episodes",
+)
 
 
 def _group_data(scored: ScoredGroups, group: int) -> dict:
@@ -253,4 +269,12 @@ def _kept_collection(
     batch = build_rollout_batch(rollouts, rewards.flatten(), advantages.flatten(), pad_token_id=pad_token_id)
     items = [scored.items[i] for scored, groups in kept for i in groups]
     truncated = torch.tensor([reason == "length" for reason in rollouts.finish_reasons], dtype=torch.bool)
-    return Collection(batch=batch, items=items, texts=rollouts.texts, truncated=truncated, correct=correct, stats=stats)
+    return Collection(
+        batch=batch,
+        items=items,
+        texts=rollouts.texts,
+        truncated=truncated,
+        correct=correct,
+        stats=stats,
+        episodes=rollouts.episodes,
+    )

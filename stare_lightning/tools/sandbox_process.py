@@ -1,0 +1,143 @@
+"""Running one sandboxed process under a wall-time limit, reading a bounded amount of its output.
+
+The host reads stdout and stderr (one pipe, in order) and keeps at most ``max_chars`` characters of it; what comes
+after is read and dropped, up to ``DRAIN_BYTES``, so a program that prints a little too much still finishes, and
+one that prints more is killed (``RLIMIT_FSIZE`` does not bound a pipe, and the host must never hold 100 MB of
+output). At the wall-time limit the process group is killed; in the bubblewrap sandbox that kills the outer
+``bwrap``, whose ``--die-with-parent`` takes down the sandbox's pid namespace with everything in it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["DRAIN_BYTES", "ProcessOutcome", "ProcessRunner", "kill_uid"]
+
+DRAIN_BYTES = 1 << 20  # output read (and dropped past the kept part) before a process is stopped
+_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    output: str  # the first max_chars characters of stdout and stderr together
+    truncated: bool  # more was printed than ``output`` holds
+    returncode: int | None  # None when the process was killed by the host
+    timed_out: bool  # killed at the wall-time limit
+    flooded: bool  # killed for printing more than DRAIN_BYTES
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited, without reaping it (its process group stays addressable until then)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class ProcessRunner:
+    """Runs processes with ``run`` from any number of threads; ``kill_all`` stops those still running."""
+
+    def __init__(self) -> None:
+        self._live: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def run(
+        self, argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: float, max_chars: int
+    ) -> ProcessOutcome:
+        # A new session: the host can kill the process group; the environment is the sandbox's only.
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, cwd=cwd, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        with self._lock:
+            self._live.add(proc)
+        deadline = time.monotonic() + timeout
+        try:
+            kept, total, timed_out, flooded = self._read(proc, deadline, max_chars * 4 + 8)  # utf-8: <= 4 bytes
+            if not (timed_out or flooded):
+                timed_out = not self._wait_exit(proc, deadline)
+            _kill_group(proc.pid)  # leftovers of the group (rlimits mode), before the leader is reaped
+            returncode = proc.wait()
+        finally:
+            proc.stdout.close()
+            with self._lock:
+                self._live.discard(proc)
+        text = kept.decode("utf-8", errors="replace")
+        truncated = total > len(kept) or len(text) > max_chars
+        return ProcessOutcome(
+            output=text[:max_chars], truncated=truncated,
+            returncode=None if (timed_out or flooded) else returncode, timed_out=timed_out, flooded=flooded,
+        )  # fmt: skip
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, deadline: float, keep_bytes: int) -> tuple[bytes, int, bool, bool]:
+        """Read the pipe until EOF, the process's exit, the deadline or the flood limit.
+        Returns (kept bytes, bytes read, timed out, flooded)."""
+        fd, kept, total = proc.stdout.fileno(), bytearray(), 0
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return bytes(kept), total, True, False
+            if poller.poll(min(remaining, _POLL_SECONDS) * 1000):
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return bytes(kept), total, False, False
+                total += len(chunk)
+                kept += chunk[: max(0, keep_bytes - len(kept))]
+                if total > DRAIN_BYTES:
+                    return bytes(kept), total, False, True
+            elif _exited(proc.pid):  # exited, while a leftover child holds the pipe open and says nothing
+                return bytes(kept), total, False, False
+
+    @staticmethod
+    def _wait_exit(proc: subprocess.Popen, deadline: float) -> bool:
+        """After EOF: wait for the exit until the deadline (a program may close its output and go on)."""
+        while not _exited(proc.pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def kill_all(self) -> None:
+        with self._lock:
+            live = list(self._live)
+        for proc in live:
+            _kill_group(proc.pid)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_uid(uid: int, rounds: int = 20) -> None:
+    """SIGKILL every process of real uid ``uid`` (a sandbox's own uid), until none is left or ``rounds`` pass.
+
+    For the rlimits sandbox run as root: its processes may have left the process group (``setsid``)."""
+    for _ in range(rounds):
+        found = False
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/status") as status:
+                    real_uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+                if real_uid == uid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    found = True
+            except (OSError, StopIteration, ValueError):
+                continue  # gone meanwhile
+        if not found:
+            return
+        time.sleep(0.01)
