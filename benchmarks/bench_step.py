@@ -160,8 +160,12 @@ def main() -> None:
     results: dict[str, list] = {kind: [] for kind in args.only}
     for round_index in range(args.rounds):
         for kind in args.only:  # alternating: every contender once per round
-            results[kind].append(run_contender(kind, args.steps))
-            print(f"round {round_index + 1}: {kind} done", flush=True)
+            steps = run_contender(kind, args.steps)
+            results[kind].append(steps)
+            median = statistics.median(r["time/step_s"] for r in steps[2:])
+            print(f"round {round_index + 1}: {kind} median {median:.2f} s / step", flush=True)
+            if args.json:  # what is measured so far survives an interrupted run
+                Path(args.json).write_text(json.dumps({"steps": args.steps, "partial": results}, indent=2))
     table = {kind: summarize(runs) for kind, runs in results.items()}
     trl = [table[k]["median"] for k in ("trl_fp32", "trl_bf16") if k in table]
     print("| contender | s / step: min | median | max | x TRL's best median |\n|---|---|---|---|---|")

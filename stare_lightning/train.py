@@ -21,7 +21,8 @@ from stare_lightning.tools import Tool, build_format, build_tool_from_config
 
 def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None, tool: Tool | None = None) -> Path:
     """Resolve ``model.name_or_path`` to a local HF directory, running the tiny model's cold start once
-    (on tool-using traces with ``model.cold_start.tool_traces``: ``tool`` is the run's tool)."""
+    (on tool-using traces with ``model.cold_start.tool_traces``, calling ``tool``, by default the one ``tools``
+    names)."""
     cache_dir = Path(cfg.model.cache_dir) if cfg.model.cache_dir else default_cache_dir()
     base = resolve_model(cfg.model.name_or_path, cache_dir)
     cold = cfg.model.cold_start
@@ -39,8 +40,7 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None, to
         datamodule = PromptDataModule(cfg.data, tokenizer=None)
         datamodule.load_records()
     if cold.tool_traces:
-        if tool is None:
-            raise ValueError("model.cold_start.tool_traces=true: pass the run's tool to prepare_model")
+        tool = tool or build_tool_from_config(cfg.tools)  # `sft` alone: the tool only names the calls
         call_format = build_format(cfg.tools.format, tool, AutoTokenizer.from_pretrained(base))
         examples = countdown_tool_examples(datamodule.train_records, tool, call_format, seed=cold.seed)
     else:
