@@ -41,9 +41,10 @@ def evaluate(cfg: RunConfig) -> dict:
     names = datamodule.val_benchmarks()
     if not names:
         raise ValueError("evaluate needs validation records: give data.val_files=[...] (each file is a benchmark)")
-    sampling = {
+    # As JSON holds them (tuples become lists), so that they compare equal to what results.json kept.
+    sampling = json.loads(json.dumps({
         name: asdict(params) for name, params in benchmark_sampling(cfg.rollout, cfg.data.val_sets, names).items()
-    }
+    }))  # fmt: skip
     done, kept = _finished(out, sampling)
     todo = [name for name in names if name not in done]
     samples = kept + _run(cfg, datamodule, todo) if todo else kept
