@@ -11,7 +11,7 @@ from stare_lightning.cli import compose, config_dir, prepare_config
 from stare_lightning.config.instantiate import DisallowedTargetError, instantiate_collection, safe_instantiate
 
 CONF = Path(config_dir())
-GROUPS = ["model", "data", "algorithm", "rollout", "trainer", "callbacks", "logger", "experiment", "debug"]
+GROUPS = ["model", "data", "algorithm", "rollout", "tools", "trainer", "callbacks", "logger", "experiment", "debug"]
 
 
 def compose_run(tmp_path, overrides=()):
@@ -93,6 +93,30 @@ def test_long_cot_recipes_keep_the_paper_setting_and_switch_the_memory_levers_on
     assert run.model.name_or_path == model and run.algorithm == short.algorithm and run.optim.lr == short.optim.lr
     assert run.rollout.max_new_tokens == 16384 and run.rollout.enable_sleep_mode and run.model.gradient_checkpointing
     assert run.optim.micro_batch_tokens >= run.rollout.max_new_tokens  # a whole response fits one micro-batch
+
+
+def test_tool_recipe_inherits_the_paper_setting_and_adds_the_interpreter(tmp_path):
+    _, short = compose_run(tmp_path, ["experiment=paper_7b_short_cot", "data.train_files=[/x.parquet]"])
+    _, run = compose_run(tmp_path, ["experiment=paper_7b_tir", "data.train_files=[/x.parquet]"])
+    assert run.tools.name == "python" and run.tools.format == "code_block" and run.tools.isolation == "bubblewrap"
+    assert run.algorithm == short.algorithm and run.optim.lr == short.optim.lr and run.rollout.n == short.rollout.n
+    assert run.rollout.max_turns >= 1 and run.optim.micro_batch_tokens >= run.rollout.max_new_tokens
+    service = ["tools.isolation=sandbox_fusion", "tools.sandbox_fusion_url=http://sandbox:8080"]
+    _, fusion = compose_run(tmp_path, ["experiment=paper_7b_tir", "data.train_files=[/x.parquet]", *service])
+    assert fusion.tools.tool_options()["sandbox_fusion_url"] == "http://sandbox:8080"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.max_turns=3"], "rollout.max_turns=3 does nothing with tools=none"),
+        (["model.cold_start.tool_traces=true"], "model.cold_start.tool_traces=true needs a tool"),
+        (["tools=calculator", "rollout.max_turns=0"], "rollout.max_turns=0 is out of range"),
+    ],
+)
+def test_tool_settings_without_a_tool_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        compose_run(tmp_path, overrides)
 
 
 def test_paper_recipe_matches_the_method_doc(tmp_path):
