@@ -126,8 +126,10 @@ class PythonSandbox:
                     argv, env=env, cwd=cwd, timeout=self.timeout_seconds, max_chars=self.max_output_chars
                 )
             finally:
-                if uid and self.isolation == "rlimits":
-                    kill_uid(uid)  # processes that left the process group (bubblewrap's pid namespace does this)
+                # Whatever the call left: processes that left the process group (rlimits), or the sandbox's pid
+                # namespace still being torn down (bubblewrap). The call is over only when none is left.
+                if uid:
+                    kill_uid(uid)
         return self._result(outcome, time.perf_counter() - started)
 
     def _command(self, host_dir: str, uid: int) -> tuple[list[str], dict[str, str], str]:

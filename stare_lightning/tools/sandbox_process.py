@@ -121,23 +121,39 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def kill_uid(uid: int, rounds: int = 20) -> None:
-    """SIGKILL every process of real uid ``uid`` (a sandbox's own uid), until none is left or ``rounds`` pass.
+def kill_uid(uid: int, deadline_seconds: float = 2.0) -> None:
+    """Stop, then kill, every process of real uid ``uid`` (a sandbox's own uid) and wait until none is left.
 
-    For the rlimits sandbox run as root: its processes may have left the process group (``setsid``)."""
-    for _ in range(rounds):
-        found = False
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/status") as status:
-                    real_uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
-                if real_uid == uid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    found = True
-            except (OSError, StopIteration, ValueError):
-                continue  # gone meanwhile
-        if not found:
+    Killing one scan's processes does not end a fork bomb: the survivors fork into the freed slots. So the
+    processes are first frozen (SIGSTOP) until a scan finds none still running, then all killed at once; the
+    scan repeats until the uid has no live process left. Zombies are dead already (no memory, no CPU): orphans
+    are reaped by init, as slowly as it likes, so they are not waited for."""
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        states = {pid: state for pid, state in _processes_of_uid(uid).items() if state not in "ZX"}
+        if not states:
             return
-        time.sleep(0.01)
+        running = [pid for pid, state in states.items() if state not in "TtZX"]
+        signum = signal.SIGSTOP if running else signal.SIGKILL
+        for pid in running or list(states):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass  # gone meanwhile
+        time.sleep(0.002 if running else 0.01)
+
+
+def _processes_of_uid(uid: int) -> dict[int, str]:
+    """pid -> state letter (R, S, T, Z, ...) of every process whose real uid is ``uid``."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                found[int(entry.name)] = fields["State"].split()[0]
+        except (OSError, KeyError, ValueError):
+            continue  # gone meanwhile
+    return found

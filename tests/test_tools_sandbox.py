@@ -1,0 +1,245 @@
+"""The python tool's sandbox, for real: hostile code (loops, fork bombs, memory, floods, files, secrets, sockets)
+comes back as an error within its limits and leaves the host and the trainer untouched; normal code, state and
+tracebacks work. The bubblewrap tests need ``bwrap`` (skipped without it); the rlimits tests run anywhere."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from stare_lightning.tools import build_tool, run_calls
+from stare_lightning.tools.base import TRUNCATION_MARKER
+from stare_lightning.tools.bubblewrap import bubblewrap_path
+from stare_lightning.tools.python_sandbox import PythonSandbox
+
+LIMIT = 2.0  # wall and CPU seconds of the hostile calls
+SLACK = 1.5  # start-up, kill and reaping on a busy 2-core machine
+MAX_CHARS = 300
+PROJECT = Path(__file__).resolve().parents[1]
+FORK_BOMB = "import os\nwhile True: os.fork()"
+# A bomb that ignores the failed forks and keeps every process it has spinning until it is killed.
+STUBBORN_BOMB = (
+    "import os\nprint(os.getuid(), flush=True)\n"
+    "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+)
+needs_bwrap = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def _sandbox(isolation: str, **options) -> PythonSandbox:
+    settings = {"timeout_seconds": LIMIT, "cpu_seconds": int(LIMIT), "max_output_chars": MAX_CHARS, **options}
+    return PythonSandbox(isolation=isolation, **settings)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    if bubblewrap_path() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    tool = _sandbox("bubblewrap")
+    yield tool
+    tool.close()
+
+
+def _timed(tool, code, history=()):
+    started = time.perf_counter()
+    result = tool.run(code, history=history)
+    elapsed = time.perf_counter() - started
+    assert elapsed < LIMIT + SLACK, (elapsed, result)
+    return result
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The live processes of ``uid`` (zombies are dead: init reaps orphans whenever it likes)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        try:
+            with open(f"/proc/{entry.name}/status") as status:
+                lines = status.read().splitlines()
+            uid_of = next(int(line.split()[1]) for line in lines if line.startswith("Uid:"))
+            state = next(line.split()[1] for line in lines if line.startswith("State:"))
+            if uid_of == uid and state not in ("Z", "X"):
+                pids.append(int(entry.name))
+        except (OSError, ValueError, StopIteration):
+            continue
+    return pids
+
+
+@needs_bwrap
+def test_normal_code_state_and_tracebacks(sandbox):
+    assert _timed(sandbox, "print(2 + 2)").text == "4\n"
+    state = _timed(sandbox, "print(x + 1)", history=["x = 41", "print('replayed')"])
+    assert state.ok and state.text == "42\n"  # the replay's own output is not shown again
+    failed = _timed(sandbox, "y = 1\n1 / y0")
+    assert not failed.ok and 'File "<code>", line 2' in failed.text and "NameError" in failed.text
+    assert "/tmp/.call" not in failed.text and "<runner>" not in failed.text
+    syntax = _timed(sandbox, "print(")
+    assert not syntax.ok and "SyntaxError" in syntax.text
+    assert _timed(sandbox, "import numpy\nprint(numpy.arange(4).sum())").text == "6\n"  # site-packages importable
+
+
+@needs_bwrap
+def test_state_is_not_kept_without_persist_state():
+    tool = _sandbox("bubblewrap", persist_state=False)
+    result = tool.run("print(x)", history=["x = 41"])
+    assert not result.ok and "NameError" in result.text
+
+
+@needs_bwrap
+def test_an_infinite_loop_times_out(sandbox):
+    result = _timed(sandbox, "while True:\n    pass")
+    assert not result.ok and result.timed_out and "TimeoutError" in result.text
+
+
+@needs_bwrap
+@pytest.mark.parametrize("code", [FORK_BOMB, STUBBORN_BOMB])
+def test_a_fork_bomb_is_contained(sandbox, code):
+    before = len([e for e in os.scandir("/proc") if e.name.isdigit()])
+    result = _timed(sandbox, code)
+    assert not result.ok
+    if code == STUBBORN_BOMB:
+        uid = int(result.text.split()[0])
+        assert uid != os.getuid() and not _processes_of(uid)  # every process of the call is gone
+    time.sleep(0.2)
+    after = len([e for e in os.scandir("/proc") if e.name.isdigit()])
+    assert after <= before + 20  # other work on the machine may start processes meanwhile
+    assert subprocess.run(["true"]).returncode == 0  # the host still forks
+
+
+@needs_bwrap
+def test_a_10_gb_allocation_is_a_memory_error(sandbox):
+    result = _timed(sandbox, "data = bytearray(10 * 2**30)")
+    assert not result.ok and "MemoryError" in result.text
+
+
+@needs_bwrap
+def test_writes_outside_the_scratch_directory_fail(sandbox):
+    tag = uuid.uuid4().hex[:8]
+    targets = [
+        f"/etc/stare_probe_{tag}",
+        str(PROJECT / f"stare_probe_{tag}"),
+        os.path.expanduser(f"~/stare_probe_{tag}"),
+    ]
+    code = "\n".join(
+        [
+            f"for path in {targets!r}:",
+            "    try:",
+            "        open(path, 'w').write('x')",
+            "        print('WROTE', path)",
+            "    except OSError as err:",
+            "        print('REFUSED', path, type(err).__name__)",
+            "open('scratch.txt', 'w').write('fine')",
+            "print(open('scratch.txt').read())",
+            "try:",
+            "    print(open({!r}).read()[:20])".format(str(PROJECT / "pyproject.toml")),
+            "except OSError as err:",
+            "    print('UNREADABLE', type(err).__name__)",
+        ]
+    )
+    result = _timed(sandbox, code)
+    assert result.ok and "WROTE" not in result.text and result.text.count("REFUSED") == 3
+    assert "fine" in result.text and "UNREADABLE" in result.text  # the project checkout is hidden
+    assert not any(os.path.exists(t) for t in targets)
+
+
+@needs_bwrap
+def test_the_trainers_environment_is_not_readable(sandbox, monkeypatch):
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("STARE_TEST_SECRET", secret)
+    code = "\n".join(
+        [
+            "import glob, os",
+            "print(dict(os.environ))",
+            f"for path in ['/proc/1/environ', '/proc/self/environ', '/proc/{os.getpid()}/environ',",
+            "             f'/proc/{os.getppid()}/environ', *glob.glob('/proc/*/environ')]:",
+            "    try:",
+            "        print(path, open(path, 'rb').read())",
+            "    except OSError as err:",
+            "        print(path, type(err).__name__)",
+        ]
+    )
+    result = _timed(_sandbox("bubblewrap", max_output_chars=100_000), code)
+    assert "PATH" in result.text and secret not in result.text
+
+
+@needs_bwrap
+def test_no_network(sandbox):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        code = "\n".join(
+            [
+                "import socket",
+                "try:",
+                f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'hi')",
+                "    print('CONNECTED')",
+                "except OSError as err:",
+                "    print('BLOCKED', err)",
+            ]
+        )
+        result = _timed(sandbox, code)
+        listener.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert "BLOCKED" in result.text and "CONNECTED" not in result.text
+
+
+@needs_bwrap
+@pytest.mark.parametrize("code", ["print('x' * 100_000_000)", "while True:\n    print('y' * 1000)"])
+def test_a_flood_of_output_is_cut_and_the_host_keeps_little(sandbox, code):
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = _timed(sandbox, code)
+    assert len(result.text) <= MAX_CHARS + len(TRUNCATION_MARKER) and result.text.endswith(TRUNCATION_MARKER)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 50_000  # KiB: never the 100 MB
+
+
+@needs_bwrap
+def test_hostile_calls_leave_a_concurrent_training_step_untouched(sandbox):
+    def step() -> torch.Tensor:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 4)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+        torch.nn.functional.mse_loss(layer(x), y).backward()
+        optimizer.step()
+        return layer.weight.detach().clone()
+
+    expected = step()
+    hostile = [STUBBORN_BOMB, "while True: pass", "bytearray(10 * 2**30)", "print('z' * 10**8)"]
+    results = []
+    worker = threading.Thread(target=lambda: results.extend(run_calls(sandbox, [(c, ()) for c in hostile], 4)))
+    worker.start()
+    during = [step() for _ in range(5)]
+    worker.join(timeout=LIMIT + 3 * SLACK)
+    assert not worker.is_alive() and len(results) == len(hostile) and not any(r.ok for r in results)
+    assert all(torch.equal(w, expected) for w in during)
+
+
+@needs_bwrap
+def test_a_missing_bubblewrap_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr("stare_lightning.tools.python_sandbox.bubblewrap_path", lambda: None)
+    with pytest.raises(RuntimeError, match="apt-get install bubblewrap.*isolation=rlimits"):
+        build_tool("python")
+
+
+def test_rlimits_mode_runs_times_out_and_bounds_memory():
+    tool = _sandbox("rlimits")
+    assert _timed(tool, "print(sum(range(10)))").text == "45\n"
+    assert _timed(tool, "print(x * 2)", history=["x = 21"]).text == "42\n"
+    looping = _timed(tool, "while True: pass")
+    assert not looping.ok and looping.timed_out
+    memory = _timed(tool, "data = bytearray(10 * 2**30)")
+    assert not memory.ok and "MemoryError" in memory.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root the sandbox gives up root for a uid of its own")
+def test_rlimits_mode_contains_a_fork_bomb_as_root():
+    result = _timed(_sandbox("rlimits"), STUBBORN_BOMB)
+    uid = int(result.text.split()[0])
+    assert not result.ok and uid != 0 and not _processes_of(uid)
