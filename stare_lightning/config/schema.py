@@ -92,7 +92,6 @@ class RunConfig:
                 f"(rollout.val_n={self.rollout.val_n}, data.val_sets n up to {largest_n})"
             )
 
-
     def _check_tool_settings(self) -> None:
         """Settings that only mean something in tool-using episodes are refused without a tool."""
         if self.tools.name != "none":
