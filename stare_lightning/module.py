@@ -33,7 +33,8 @@ from stare_lightning.metrics.telemetry import (
     peak_memory_gib,
 )
 from stare_lightning.models.config import ModelConfig
-from stare_lightning.models.sharding import shard_model
+from stare_lightning.models.lora import apply_lora
+from stare_lightning.models.sharding import shard_model, sharding_policies
 from stare_lightning.rewards.majority import majority_correct
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import SamplingParams, prompt_seeds
@@ -88,6 +89,7 @@ class STAREModule(LightningModule):
         )
         self.model_dir, self.seed, self.allowed_targets = str(model_dir), seed, list(allowed_targets)
         self.model_cfg, self.algorithm, self.rollout, self.optim = model, algorithm, rollout, optim
+        self.layout = optim.forward_layout()  # padded or packed micro-batches, logits or the fused LM head
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
@@ -137,14 +139,16 @@ class STAREModule(LightningModule):
         self.policy = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
         if self.model_cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
+        if self.model_cfg.lora is not None:  # only the adapters train; the engine and exports get merged weights
+            self.policy = apply_lora(self.policy, self.model_cfg.lora)
         if self.algorithm.uses_reference():
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
             self.reference.requires_grad_(False)
         if self.device_mesh is not None:
-            mp_policy = getattr(self.trainer.strategy, "mixed_precision_policy", None)
+            policies = sharding_policies(self.trainer.strategy)  # mixed precision, CPU offload
             for model in (self.policy, self.reference):
                 if model is not None:
-                    shard_model(model, self.device_mesh, mp_policy=mp_policy)
+                    shard_model(model, self.device_mesh, **policies)
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(
@@ -263,29 +267,29 @@ class STAREModule(LightningModule):
 
     def _reselect(self, experience: Experience, params: StepParams) -> Experience:
         """The step's selection made again by the policy as it is now (timing ``optimizer_step``)."""
-        scores = score_batch(
-            self.policy, experience, temperature=self.rollout.temperature,
-            chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
-        )  # fmt: skip
+        scores = score_batch(self.policy, experience, **self._pass_options())
         omega, selected = self._select(scores, experience, params)
         return replace(experience, stare_weights=omega, stare_selected=selected)
 
     def _score(self, rollouts: RolloutBatch, logits: list[torch.Tensor] | None) -> TokenScores:
         """The scoring pass: from the logits the same-batch telemetry already holds, else a forward."""
-        kwargs = dict(chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens)
         if logits is not None:
-            return scores_from_logits(logits, rollouts, temperature=self.rollout.temperature, **kwargs)
-        return score_batch(self.policy, rollouts, temperature=self.rollout.temperature, **kwargs)
+            return scores_from_logits(logits, rollouts, **self._pass_options())
+        return score_batch(self.policy, rollouts, **self._pass_options())
+
+    def _pass_options(self) -> dict:
+        """How the no-grad passes over the step's batch run: temperature, chunks, micro-batches, layout."""
+        optim = self.optim
+        return dict(temperature=self.rollout.temperature, chunk_size=optim.logprob_chunk_size,
+                    micro_batch_tokens=optim.micro_batch_tokens, layout=self.layout)  # fmt: skip
 
     def _response_logits(self, rollouts: RolloutBatch) -> list[torch.Tensor]:
-        return response_logits(self.policy, rollouts, micro_batch_tokens=self.optim.micro_batch_tokens)
+        return response_logits(self.policy, rollouts, micro_batch_tokens=self.optim.micro_batch_tokens,
+                               layout=self.layout)  # fmt: skip
 
     def _add_entropy_change(self, rollouts: RolloutBatch, scores: TokenScores, logits_before: list) -> None:
         """The update's entropy change on this step's tokens, realised and first-order (``telemetry``)."""
-        realised, first_order = same_batch_entropy_change(
-            self.policy, rollouts, logits_before, temperature=self.rollout.temperature,
-            chunk_size=self.optim.logprob_chunk_size, micro_batch_tokens=self.optim.micro_batch_tokens,
-        )  # fmt: skip
+        realised, first_order = same_batch_entropy_change(self.policy, rollouts, logits_before, **self._pass_options())
         self.train_telemetry.add_entropy_change(
             realised, first_order, rollouts.advantages, rollouts.response_mask, scores.phi
         )
@@ -308,7 +312,7 @@ class STAREModule(LightningModule):
         alg, budget = self.algorithm, self.optim.micro_batch_tokens
         generator = torch.Generator().manual_seed(self._step_seed())
         offset, total_rows = distributed.row_offset(experience.num_rows, self.device)
-        filler = next(micro_batches(experience.select(slice(0, 1)), budget))
+        filler = next(micro_batches(experience.select(slice(0, 1)), budget, packed=self.layout.packed))
         coef = self.entropy_coefficient.coef if self.entropy_coefficient is not None else alg.entropy_coef
         first_pass, optimizer_steps = [], 0
         for _ in range(alg.ppo_epochs):
@@ -319,7 +323,7 @@ class STAREModule(LightningModule):
                     experience = self._reselect(experience, params)
                 mini = experience.select(rows.to(experience.input_ids.device))
                 normalizer = step_normalizer(mini, max_response_length=self.rollout.max_new_tokens, device=self.device)
-                parts = list(micro_batches(mini, budget))
+                parts = list(micro_batches(mini, budget, packed=self.layout.packed))
                 steps = int(distributed.all_reduce(torch.tensor(float(len(parts))), dist.ReduceOp.MAX, self.device))
                 finite = True
                 for index in range(steps):
@@ -328,6 +332,7 @@ class STAREModule(LightningModule):
                     result = micro_batch_loss(
                         self.policy, self.reference, part, normalizer, alg, params=params, entropy_coef=coef,
                         temperature=self.rollout.temperature, chunk_size=self.optim.logprob_chunk_size,
+                        layout=self.layout,
                     )  # fmt: skip
                     loss = result.loss
                     if not torch.isfinite(loss):

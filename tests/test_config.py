@@ -160,6 +160,22 @@ def test_bad_values_name_the_key(tmp_path, override, needle):
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.fused_lm_head=true"], "telemetry.same_batch_entropy=true compares the full logits"),
+        (["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false", "trainer=fsdp"], "sharded strategy"),
+        (["optim.packed_sequences=maybe"], "optim.packed_sequences"),
+    ],
+)
+def test_forward_layouts_are_refused_where_they_cannot_apply(tmp_path, overrides, message):
+    with pytest.raises(Exception, match=message):
+        compose_run(tmp_path, overrides)
+    layout = compose_run(tmp_path, ["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false",
+                                    "optim.packed_sequences=true"])[1].optim.forward_layout()  # fmt: skip
+    assert layout.packed and layout.fused_head
+
+
 def test_unknown_key_is_rejected(tmp_path):
     with pytest.raises(Exception) as info:
         compose_run(tmp_path, ["+algorithm.stare.wieght=2.0"])

@@ -84,12 +84,52 @@ class RunConfig:
                 "set it false, or run vLLM on GPUs"
             )
         self._check_tool_settings()
+        self._check_memory_levers(accelerator)
         # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
         largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
         if max(self.validation.pass_k) > largest_n:
             raise ValueError(
                 f"validation.pass_k={self.validation.pass_k} has k > every benchmark's samples per problem "
                 f"(rollout.val_n={self.rollout.val_n}, data.val_sets n up to {largest_n})"
+            )
+
+    def _check_memory_levers(self, accelerator: str) -> None:
+        """LoRA, the fused LM head and FSDP2's CPU offload, refused where they would break or do nothing."""
+        strategy = (self.trainer or {}).get("strategy")
+        target = str(strategy.get("_target_", "")) if isinstance(strategy, dict) else str(strategy)
+        sharded = "fsdp" in target.lower() or target.endswith("ModelParallelStrategy")
+        if self.model.lora is not None and sharded:
+            # peft wraps each targeted Linear after loading; fully_shard would then shard base weights and
+            # adapters alike, and the merged-weight sync to the engine reads whole (unsharded) layers.
+            raise ValueError(
+                f"model.lora.rank={self.model.lora.rank} is not supported with a sharded strategy "
+                f"(trainer.strategy={target}): LoRA here is single-process or DDP (trainer=gpu, trainer=ddp); "
+                "set model.lora.rank=0 for FSDP2"
+            )
+        if self.optim.fused_lm_head and sharded:
+            # The fused pass calls the decoder and reads the LM head's weight outside the root module's
+            # forward, where FSDP2 has not gathered the root's parameters (embeddings, final norm, head).
+            raise ValueError(
+                f"optim.fused_lm_head=true is not supported with a sharded strategy (trainer.strategy={target}); "
+                "set it false (optim.packed_sequences and gradient checkpointing still apply)"
+            )
+        if self.optim.fused_lm_head and self.telemetry.same_batch_entropy:
+            raise ValueError(
+                "optim.fused_lm_head=true never forms the logits, but telemetry.same_batch_entropy=true compares "
+                "the full logits before and after the update; set one of them false"
+            )
+        offload = isinstance(strategy, dict) and strategy.get("cpu_offload", False)
+        if offload and accelerator == "cpu":
+            raise ValueError(
+                "trainer.strategy.cpu_offload=true does nothing here: it moves sharded weights, gradients and "
+                "optimizer state from GPU memory to host memory, and trainer.accelerator=cpu keeps them there "
+                "already; set it false, or run on GPUs"
+            )
+        if offload and self.rollout.backend == "hf":
+            raise ValueError(
+                "trainer.strategy.cpu_offload=true needs rollout.backend=vllm: the HF engine puts prompts and its "
+                "samplers on the parameters' device, which offload makes the host, while FSDP2 computes on the GPU; "
+                "use rollout=vllm, or set it false"
             )
 
     def _check_tool_settings(self) -> None:

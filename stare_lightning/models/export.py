@@ -1,4 +1,8 @@
-"""Turn a ``fit`` checkpoint (one file, or a sharded distributed-checkpoint directory) into an HF directory."""
+"""Turn a ``fit`` checkpoint (one file, or a sharded distributed-checkpoint directory) into an HF directory.
+
+A LoRA run's checkpoint holds the frozen base weights and the adapters under peft's names; the export writes
+the base model's layout with every adapter merged (``models/lora.py``), loadable without peft.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from stare_lightning.models.config import LoraConfig
+from stare_lightning.models.lora import merge_adapters
 
 POLICY_PREFIX = "policy."
 
@@ -26,6 +33,16 @@ def _load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def _merged_lora(weights: dict, checkpoint: dict, ckpt_path: Path) -> dict:
+    """The policy's weights with LoRA adapters merged, when the run trained adapters; else as they are."""
+    if not any(".lora_A." in name for name in weights):
+        return weights
+    lora = (checkpoint.get("hyper_parameters", {}).get("model") or {}).get("lora")
+    if lora is None:
+        raise ValueError(f"{ckpt_path} holds LoRA adapters but no model.lora settings to merge them with")
+    return dict(merge_adapters(weights.items(), LoraConfig(**lora).scaling))
+
+
 def export_checkpoint(ckpt_path: str | Path, export_dir: str | Path) -> Path:
     ckpt_path, export_dir = Path(ckpt_path), Path(export_dir)
     if not ckpt_path.exists():
@@ -40,6 +57,7 @@ def export_checkpoint(ckpt_path: str | Path, export_dir: str | Path) -> Path:
     weights = {k[len(POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
         raise ValueError(f"{ckpt_path} holds no policy weights (no state_dict keys start with {POLICY_PREFIX!r})")
+    weights = _merged_lora(weights, checkpoint, ckpt_path)
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import torch
 
+from stare_lightning.models.lora import adapter_scaling, is_lora, merge_adapters
+
 # Wrapper infixes that torch/Lightning put into parameter names; engines expect plain checkpoint names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "module.")
 
@@ -14,14 +16,24 @@ def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
     """``(checkpoint_name, full_tensor)`` for every parameter, in module order.
 
     FSDP2 ``DTensor`` parameters are all-gathered one at a time; every rank must run this loop to the end.
+    A LoRA (peft) policy gives the base model's names, each adapted weight merged (``models/lora.py``).
     """
+    weights = ((checkpoint_name(name), full_tensor(param.detach())) for name, param in model.named_parameters())
+    if is_lora(model):
+        return merge_adapters(weights, adapter_scaling(model))
+    return weights
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 ``DTensor`` shard (a collective), any other tensor as it is."""
     from torch.distributed.tensor import DTensor
 
-    for name, param in model.named_parameters():
-        tensor = param.detach()
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        yield checkpoint_name(name), tensor
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if tensor.device.type != tensor.device_mesh.device_type:
+        # A CPU-offloaded shard (trainer.strategy.cpu_offload): gather on the mesh's device (NCCL), not on the host.
+        tensor = tensor.to(tensor.device_mesh.device_type)
+    return tensor.full_tensor()
 
 
 def checkpoint_name(name: str) -> str:

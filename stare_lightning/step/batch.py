@@ -141,20 +141,22 @@ def build_rollout_batch(rollouts: Rollouts, rewards: Tensor, advantages: Tensor,
     )
 
 
-def micro_batches(batch: Rows, token_budget: int) -> Iterator[Rows]:
-    """Consecutive rows grouped so that rows x longest row (in real tokens) stays within ``token_budget``.
+def micro_batches(batch: Rows, token_budget: int, *, packed: bool = False) -> Iterator[Rows]:
+    """Consecutive rows grouped so that the tokens a forward computes stay within ``token_budget``: rows x
+    longest row (in real tokens) when padded, the sum of the rows' real tokens when ``packed`` (padding-free).
 
     A single row longer than the budget still forms a micro-batch of its own.
     """
     lengths = batch.attention_mask.sum(-1).tolist()
     start = 0
     while start < batch.num_rows:
-        end, longest = start, 0
+        end, longest, total = start, 0, 0
         while end < batch.num_rows:
-            longest_if_added = max(longest, int(lengths[end]))
-            if end > start and longest_if_added * (end - start + 1) > token_budget:
+            longest_if_added, total_if_added = max(longest, int(lengths[end])), total + int(lengths[end])
+            cost = total_if_added if packed else longest_if_added * (end - start + 1)
+            if end > start and cost > token_budget:
                 break
-            longest, end = longest_if_added, end + 1
+            longest, total, end = longest_if_added, total_if_added, end + 1
         yield batch.select(slice(start, end)).trimmed()
         start = end
 

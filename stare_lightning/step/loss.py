@@ -28,7 +28,7 @@ from stare_lightning.algorithms import (
 from stare_lightning.algorithms.stare_controller import StepParams
 from stare_lightning.distributed import all_reduce
 from stare_lightning.step.batch import Experience, RolloutBatch
-from stare_lightning.step.scoring import response_token_stats
+from stare_lightning.step.forward import PADDED, ForwardLayout, response_token_stats
 
 
 def step_normalizer(
@@ -89,6 +89,7 @@ def micro_batch_loss(
     entropy_coef: float,
     temperature: float,
     chunk_size: int,
+    layout: ForwardLayout = PADDED,
 ) -> MicroBatchLoss:
     """The loss of one micro-batch, with its sums, token statistics and STARE's weights. Without old log-probs
     (on-policy, no scoring pass) this forward's detached log-probs are the old ones (ratio exactly 1), and its
@@ -100,6 +101,7 @@ def micro_batch_loss(
     stats = response_token_stats(
         policy,
         part,
+        layout,
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi,
@@ -124,7 +126,7 @@ def micro_batch_loss(
         old_logprobs=old_logprobs,
         rollout_logprobs=part.rollout_logprobs,
     )
-    ref_logprobs = _reference_logprobs(reference, part, temperature=temperature, chunk_size=chunk_size)
+    ref_logprobs = _reference_logprobs(reference, part, layout, temperature=temperature, chunk_size=chunk_size)
     loss, loss_stats = policy_loss(
         stats.logprobs,
         old_logprobs,
@@ -141,11 +143,13 @@ def micro_batch_loss(
 
 
 @torch.no_grad()
-def _reference_logprobs(reference, part: Experience, *, temperature: float, chunk_size: int) -> Tensor | None:
+def _reference_logprobs(
+    reference, part: Experience, layout: ForwardLayout, *, temperature: float, chunk_size: int
+) -> Tensor | None:
     if reference is None:
         return None
     return response_token_stats(
-        reference, part, temperature=temperature, chunk_size=chunk_size, with_entropy=False
+        reference, part, layout, temperature=temperature, chunk_size=chunk_size, with_entropy=False
     ).logprobs
 
 

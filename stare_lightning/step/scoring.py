@@ -17,6 +17,7 @@ from torch.nn.functional import pad
 from stare_lightning.algorithms import TokenStats, entropy_sensitivity, token_stats_from_logits
 from stare_lightning.algorithms.entropy_change import entropy_change
 from stare_lightning.step.batch import RolloutBatch, micro_batches
+from stare_lightning.step.forward import PADDED, ForwardLayout, micro_batch_logits, response_token_stats
 
 
 @dataclass(frozen=True)
@@ -42,47 +43,14 @@ class TokenScores:
         return cls(logprobs=logprobs, entropy=entropy, sum_p2=sum_p2, sum_p2_logp=sum_p2_logp, phi=phi)
 
 
-def response_token_stats(
-    model: torch.nn.Module,
-    batch: RolloutBatch,
-    *,
-    temperature: float,
-    chunk_size: int,
-    with_entropy: bool = True,
-    with_sensitivity: bool = False,
-) -> TokenStats:
-    """Log-probs of the sampled response tokens (and entropy terms) under ``model``, temperature-scaled.
-
-    Only the logits that score response tokens are kept (``logits_to_keep``), which saves the
-    ``[rows, prompt_width, vocab]`` block a plain forward would return.
-    """
-    return token_stats_from_logits(
-        _response_logits(model, batch),
-        batch.response_ids,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-        with_sensitivity=with_sensitivity,
-    )
-
-
-def _response_logits(model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
-    """``[rows, response_width, vocab]``: the logits that score each response token."""
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids(),
-        use_cache=False,
-        logits_to_keep=batch.response_width + 1,
-    )
-    return output.logits[:, :-1]  # the logit at column c scores the token at column c + 1
-
-
 @torch.no_grad()
-def response_logits(policy: torch.nn.Module, batch: RolloutBatch, *, micro_batch_tokens: int) -> list[Tensor]:
+def response_logits(
+    policy: torch.nn.Module, batch: RolloutBatch, *, micro_batch_tokens: int, layout: ForwardLayout = PADDED
+) -> list[Tensor]:
     """The policy's response logits, one tensor per micro-batch of ``micro_batches(batch, ...)``, in eval mode."""
     policy.eval()
-    logits = [_response_logits(policy, part) for part in micro_batches(batch, micro_batch_tokens)]
+    parts = micro_batches(batch, micro_batch_tokens, packed=layout.packed)
+    logits = [micro_batch_logits(policy, part, layout) for part in parts]
     policy.train()
     return logits
 
@@ -96,10 +64,11 @@ def same_batch_entropy_change(
     temperature: float,
     chunk_size: int,
     micro_batch_tokens: int,
+    layout: ForwardLayout = PADDED,
 ) -> tuple[Tensor, Tensor]:
     """(realised, first-order) change ``[rows, response_width]`` of the policy's entropy on ``batch`` since
     ``logits_before`` (``response_logits`` with the same ``micro_batch_tokens``); see ``entropy_change``."""
-    logits_after = response_logits(policy, batch, micro_batch_tokens=micro_batch_tokens)
+    logits_after = response_logits(policy, batch, micro_batch_tokens=micro_batch_tokens, layout=layout)
     parts = [
         entropy_change(before, after, temperature=temperature, chunk_size=chunk_size)
         for before, after in zip(logits_before, logits_after, strict=True)
@@ -112,28 +81,43 @@ def same_batch_entropy_change(
 
 @torch.no_grad()
 def scores_from_logits(
-    logits: list[Tensor], batch: RolloutBatch, *, temperature: float, chunk_size: int, micro_batch_tokens: int
+    logits: list[Tensor],
+    batch: RolloutBatch,
+    *,
+    temperature: float,
+    chunk_size: int,
+    micro_batch_tokens: int,
+    layout: ForwardLayout = PADDED,
 ) -> TokenScores:
     """``score_batch`` from logits already computed (``response_logits`` with the same ``micro_batch_tokens``):
     the same numbers without a second forward when the same-batch entropy telemetry holds them anyway."""
+    rows = micro_batches(batch, micro_batch_tokens, packed=layout.packed)
     parts = [
         token_stats_from_logits(
             part_logits, part.response_ids, temperature=temperature, chunk_size=chunk_size, with_sensitivity=True
         )
-        for part_logits, part in zip(logits, micro_batches(batch, micro_batch_tokens), strict=True)
+        for part_logits, part in zip(logits, rows, strict=True)
     ]
     return TokenScores.from_micro_batches(parts, batch.response_width)
 
 
 @torch.no_grad()
 def score_batch(
-    policy: torch.nn.Module, batch: RolloutBatch, *, temperature: float, chunk_size: int, micro_batch_tokens: int
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    *,
+    temperature: float,
+    chunk_size: int,
+    micro_batch_tokens: int,
+    layout: ForwardLayout = PADDED,
 ) -> TokenScores:
     """The rollout policy's ``TokenScores`` over the whole batch, micro-batch by micro-batch, in eval mode."""
     policy.eval()
     parts = [
-        response_token_stats(policy, part, temperature=temperature, chunk_size=chunk_size, with_sensitivity=True)
-        for part in micro_batches(batch, micro_batch_tokens)
+        response_token_stats(
+            policy, part, layout, temperature=temperature, chunk_size=chunk_size, with_sensitivity=True
+        )
+        for part in micro_batches(batch, micro_batch_tokens, packed=layout.packed)
     ]
     policy.train()
     return TokenScores.from_micro_batches(parts, batch.response_width)

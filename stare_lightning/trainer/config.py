@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stare_lightning.config.checks import choice, number, text
+from stare_lightning.config.checks import choice, flag, number, text
+from stare_lightning.step.forward import ForwardLayout
 
 SCHEDULES = ("constant", "cosine")
 
@@ -22,6 +23,11 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     micro_batch_tokens: int = 8192
     logprob_chunk_size: int = 1024
+    # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py).
+    packed_sequences: bool = False
+    # Log-probs and entropy from the last hidden states and the LM head a chunk at a time: no [tokens, vocab]
+    # logits are held, in the forward or the backward (memory for long responses; a little more compute).
+    fused_lm_head: bool = False
 
     def __post_init__(self) -> None:
         p = "optim."
@@ -39,3 +45,8 @@ class OptimConfig:
         number(f"{p}grad_clip", self.grad_clip, low=0.0)
         number(f"{p}micro_batch_tokens", self.micro_batch_tokens, low=1, integer=True)
         number(f"{p}logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True)
+        flag(f"{p}packed_sequences", self.packed_sequences)
+        flag(f"{p}fused_lm_head", self.fused_lm_head)
+
+    def forward_layout(self) -> ForwardLayout:
+        return ForwardLayout(packed=self.packed_sequences, fused_head=self.fused_lm_head)

@@ -33,7 +33,7 @@ def build_optimizer(
             "betas": tuple(cfg.betas),
             "eps": cfg.eps,
         },
-        list(params),
+        [p for p in params if p.requires_grad],  # frozen weights (LoRA's base) take no optimizer state
         extra_allowed=extra_allowed,
         where="optim.optimizer",
     )

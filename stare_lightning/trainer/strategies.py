@@ -9,6 +9,13 @@ and computed in, while the sharded parameters, gradients and optimizer state sta
 (fp32) and gradients are reduced in ``reduce_dtype``. ``configure_model`` reads ``mixed_precision_policy``
 when it shards the models. Use it with ``trainer.precision=32-true``: Lightning's ``bf16-mixed`` would add
 autocast on top.
+
+CPU offload (``cpu_offload=True``): FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, gradients and
+optimizer state in pinned host memory; each layer is copied to the GPU for its all-gather, and the optimizer
+steps on the CPU. GPU memory then holds one gathered layer at a time plus activations, at the price of
+host-device copies and a CPU optimizer step. The shards must stay on the host, so ``model_to_device`` moves
+only buffers (rotary tables) to the GPU; and the process group gets a gloo backend for CPU tensors besides
+NCCL, because gradient-norm clipping reduces the offloaded gradients' norms where they live.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from stare_lightning.config.checks import choice
+from stare_lightning.config.checks import choice, flag
 
 _DTYPES = ("float32", "bfloat16", "float16")
+# NCCL for the GPU collectives, gloo for those on offloaded (host) tensors.
+_OFFLOAD_BACKEND = "cuda:nccl,cpu:gloo"
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -30,13 +39,18 @@ class FSDP2Strategy(ModelParallelStrategy):
         tensor_parallel_size: int = 1,
         param_dtype: str | None = None,
         reduce_dtype: str = "float32",
+        cpu_offload: bool = False,
         **kwargs: Any,
     ) -> None:
         choice("trainer.strategy.param_dtype", param_dtype, (*_DTYPES, None))
         choice("trainer.strategy.reduce_dtype", reduce_dtype, _DTYPES)
+        flag("trainer.strategy.cpu_offload", cpu_offload)
+        if cpu_offload and kwargs.get("process_group_backend") is None:
+            kwargs["process_group_backend"] = _OFFLOAD_BACKEND
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size, **kwargs)
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
+        self.cpu_offload = cpu_offload
 
     @property
     def mixed_precision_policy(self):
@@ -49,7 +63,29 @@ class FSDP2Strategy(ModelParallelStrategy):
             param_dtype=getattr(torch, self.param_dtype), reduce_dtype=getattr(torch, self.reduce_dtype)
         )
 
+    @property
+    def offload_policy(self):
+        """FSDP2's ``CPUOffloadPolicy`` with ``cpu_offload``, else None (everything stays on the device)."""
+        if not self.cpu_offload:
+            return None
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return CPUOffloadPolicy()
+
+    def model_to_device(self) -> None:
+        if not self.cpu_offload:
+            return super().model_to_device()
+        # FSDP2 refuses offloaded shards that are not on the host; buffers are not sharded and compute on the GPU.
+        for module in self.model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(self.root_device)
+
     def setup_environment(self) -> None:
+        if self.cpu_offload and self.root_device.type != "cuda":
+            raise ValueError(
+                f"trainer.strategy.cpu_offload=true needs CUDA devices, but this run's device is {self.root_device}: "
+                "offload moves GPU-resident shards to the host, and here they are on the host already"
+            )
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // int(self._tensor_parallel_size)
         super().setup_environment()
