@@ -126,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["tiny", "smollm2"], choices=list(MODELS))
     parser.add_argument("--lengths", nargs="*", type=int, default=[2048, 4096, 8192])
+    parser.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--json")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,7 +138,7 @@ def main() -> None:
     print("| model | response tokens | layout | peak MiB | s | tokens/s | loss |\n|---|---|---|---|---|---|---|")
     for model in args.models:
         for length in args.lengths:
-            for layout in LAYOUTS:
+            for layout in args.layouts:
                 cmd = [sys.executable, __file__, "--worker", model, layout, str(length)]
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
                 if proc.returncode != 0:

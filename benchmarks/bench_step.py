@@ -36,7 +36,10 @@ sys.path.insert(0, str(REPO))
 from stare_lightning.metrics.step_timer import PHASES  # noqa: E402
 
 LR, N, MAX_NEW_TOKENS = 1e-6, 8, 64
-CONTENDERS = ("project_vllm", "project_hf", "trl_fp32", "trl_bf16", "project_default_task")
+CONTENDERS = ("project_vllm", "project_vllm_fast", "project_hf", "trl_fp32", "trl_bf16", "project_default_task")
+# The project's fast settings: each micro-batch packed into one sequence with one copy of each prompt for its
+# samples, and the fused AdamW.
+FAST = ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused=true"]
 
 
 def prompts(count: int, seed: int = 0) -> list[dict]:
@@ -68,7 +71,8 @@ def project_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
             *common, "~experiment", "model=smollm2", "data=files", f"data.train_files=[{data}]", "data.val_size=0",
             "data.prompts_per_step=1", "data.prompt_style=instruct", "algorithm=dapo",
             "algorithm.dynamic_sampling=false", f"rollout.n={N}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-            "rollout.temperature=1.0", f"rollout={kind.removeprefix('project_')}", f"optim.lr={LR}",
+            "rollout.temperature=1.0", f"rollout={kind.split('_')[1]}", f"optim.lr={LR}",
+            *(FAST if kind.endswith("_fast") else []),
         ]  # fmt: skip
     cfg = prepare_config(compose(overrides))[1]
     module, datamodule = train._setup(cfg)

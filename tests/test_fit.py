@@ -209,6 +209,25 @@ def test_two_process_ddp_fit(tmp_path, model_cache):
     assert all(math.isfinite(r["train/entropy"]) for r in steps.values())
 
 
+def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_cache):
+    """The same run with padding-free micro-batches, one copy of each prompt per group and the fused LM head:
+    the same losses, entropies and STARE selections step by step (the gate open from the start)."""
+    common = [*FAST, "trainer.max_steps=3", "validation.before_fit=false", "telemetry.same_batch_entropy=false",
+              "algorithm.stare.target_entropy=10.0", "optim.micro_batch_tokens=512"]  # fmt: skip
+    layouts = {"padded": [], "packed": ["optim.packed_sequences=true", "optim.share_prompts=true",
+                                        "optim.fused_lm_head=true"]}  # fmt: skip
+    for name, overrides in layouts.items():
+        proc = run_cli(["fit", f"output_dir={tmp_path / name}", *common, *overrides], model_cache)
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-4000:]
+    padded, packed = (train_rows(read_metrics(tmp_path / name)) for name in layouts)
+    assert sorted(packed) == sorted(padded) == [0, 1, 2]
+    for step, want in padded.items():
+        for name in ["loss", "entropy", "stare/selected_frac/pos", "clip_ratio/high", "response_length/mean"]:
+            got = packed[step][f"train/{name}"]
+            assert got == pytest.approx(want[f"train/{name}"], abs=1e-5, rel=1e-5), f"step {step}: train/{name}"
+
+
 def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cache, monkeypatch):
     from stare_lightning import module as module_file
     from stare_lightning import train

@@ -22,6 +22,8 @@ LAYOUTS = {
     "packed": ForwardLayout(packed=True),
     "fused": ForwardLayout(fused_head=True),
     "packed+fused": ForwardLayout(packed=True, fused_head=True),
+    "packed+shared": ForwardLayout(packed=True, share_prompts=True),
+    "packed+shared+fused": ForwardLayout(packed=True, share_prompts=True, fused_head=True),
 }
 
 
@@ -33,11 +35,12 @@ def policy(tiny_dir):
 
 
 def uneven_batch(vocab: int, seed: int = 5) -> Experience:
-    """Rows of very different lengths (a 1-token and a 40-token response), a tool reply inside one response,
-    advantages of both signs."""
+    """Two groups of three samples (prompts of 4 and 9 tokens, each shared by its group), responses of very
+    different lengths (1 to 40 tokens), a tool reply inside one response, advantages of both signs."""
     g = torch.Generator().manual_seed(seed)
-    prompt_lengths, response_lengths = (2, 9, 4, 7, 3, 5), (1, 40, 6, 23, 2, 11)
-    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in prompt_lengths]
+    response_lengths = (1, 40, 6, 23, 2, 11)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 9)]
+    prompts = [prompts[0]] * 3 + [prompts[1]] * 3
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in response_lengths]
     masks = [[True] * n for n in response_lengths]
     masks[3][5:12] = [False] * 7  # a tool reply: attended, never scored by the loss
@@ -79,6 +82,17 @@ def test_packed_rows_keep_each_token_and_restart_positions(policy):
     # Every present response token is scored by the packed position right before it, holding the previous token.
     scored_tokens = packed.input_ids[0, packed.scoring_index + 1]
     assert torch.equal(scored_tokens, batch.response_ids[packed.present])
+
+
+def test_shared_prompts_are_laid_out_once(policy):
+    batch = uneven_batch(policy.config.vocab_size)
+    plain, shared = PackedRows.of(batch), PackedRows.of(batch, share_prompts=True)
+    responses = int(batch.attention_mask[:, batch.prompt_width :].sum())
+    assert plain.input_ids.shape[1] == responses + 3 * 4 + 3 * 9
+    assert shared.input_ids.shape[1] == responses + 4 + 9
+    assert plain.attention_mask is None and shared.attention_mask is not None
+    # Scored tokens are the ones the padded layout scores, each right after what precedes it in its own row.
+    assert torch.equal(shared.input_ids[0, shared.scoring_index], plain.input_ids[0, plain.scoring_index])
 
 
 @pytest.mark.parametrize("layout", [PADDED, *LAYOUTS.values()], ids=["padded", *LAYOUTS])

@@ -9,6 +9,10 @@ same ``[rows, response_width]`` statistics (within float rounding), so nothing d
   for each row, no attention mask. Hugging Face models read such position ids as packed sequences and attend
   only within each row (a block-diagonal causal mask; varlen kernels under FlashAttention). Only the logits
   that score response tokens are computed (``logits_to_keep`` with their indices), then scattered back to rows.
+- ``share_prompts`` (with ``packed``): rows with the same prompt (the samples of one group) share one copy of
+  it: the prompt is laid out once, each response after it attends to it and to its own earlier tokens only (an
+  explicit mask), at the positions it has in its own row. Every response token sees exactly what it sees in its
+  row, so the statistics are the same; the prompt's forward and backward run once instead of once per sample.
 - ``fused_head``: the decoder's last hidden states go straight into ``token_stats_from_hidden``, which forms
   the logits a chunk of positions at a time with the LM head's weight and recomputes them in the backward, so
   no ``[tokens, vocab]`` tensor is ever held. Needs an LM head that is a plain bias-free linear layer.
@@ -29,6 +33,7 @@ from stare_lightning.step.batch import RolloutBatch
 class ForwardLayout:
     packed: bool = False
     fused_head: bool = False
+    share_prompts: bool = False
 
 
 PADDED = ForwardLayout()
@@ -39,23 +44,67 @@ class PackedRows:
     """A micro-batch's real tokens as one sequence, and where its response tokens sit in it."""
 
     input_ids: Tensor  # [1, tokens]
-    position_ids: Tensor  # [1, tokens], restarting at 0 for each row
+    position_ids: Tensor  # [1, tokens]: each token's position in its own row
     scoring_index: Tensor  # [scored], the packed index of the logit that scores each present response token
     present: Tensor  # [rows, response_width] bool: response columns that hold a token (tool replies included)
+    # [1, 1, tokens, tokens] bool (True: attend) when prompts are shared; None: the model reads the rows from
+    # the restarting positions (a block-diagonal causal mask).
+    attention_mask: Tensor | None = None
 
     @classmethod
-    def of(cls, batch: RolloutBatch) -> PackedRows:
+    def of(cls, batch: RolloutBatch, *, share_prompts: bool = False) -> PackedRows:
         real = batch.attention_mask.bool()
-        packed_index = real.flatten().long().cumsum(0).view_as(real) - 1  # index of each real token once packed
         present = real[:, batch.prompt_width :]
-        # The logit at packed position i scores the token at i + 1; a response never starts a row (prompts are
-        # non-empty), so the scoring position always lies in the same row.
-        scoring_index = packed_index[:, batch.prompt_width :][present] - 1
+        owners = _prompt_owners(batch) if share_prompts else list(range(batch.num_rows))
+        if owners == list(range(batch.num_rows)):  # every row keeps its own prompt: plain packing
+            packed_index = real.flatten().long().cumsum(0).view_as(real) - 1  # each real token's packed index
+            # The logit at packed position i scores the token at i + 1; a response never starts a row (prompts
+            # are non-empty), so the scoring position always lies in the same row.
+            return cls(
+                input_ids=batch.input_ids[real].unsqueeze(0),
+                position_ids=batch.position_ids()[real].unsqueeze(0),
+                scoring_index=packed_index[:, batch.prompt_width :][present] - 1,
+                present=present,
+            )
+        return cls._sharing(batch, real, present, owners)
+
+    @classmethod
+    def _sharing(cls, batch: RolloutBatch, real: Tensor, present: Tensor, owners: list[int]) -> PackedRows:
+        """Each distinct prompt once, then the responses of every row that owns or shares it."""
+        positions = batch.position_ids()
+        ids, pos, group, branch, scoring = [], [], [], [], []
+        last_prompt_index: dict[int, int] = {}  # owner row -> packed index of its prompt's last token
+        length = 0
+        for row, owner in enumerate(owners):
+            if owner == row:
+                prompt = real[row, : batch.prompt_width]
+                ids.append(batch.input_ids[row, : batch.prompt_width][prompt])
+                pos.append(positions[row, : batch.prompt_width][prompt])
+                count = int(prompt.sum())
+                group.append(torch.full((count,), owner))
+                branch.append(torch.full((count,), -1))  # the prompt: seen by every response of its group
+                length += count
+                last_prompt_index[owner] = length - 1
+            response = present[row]
+            count = int(response.sum())
+            ids.append(batch.response_ids[row][response])
+            pos.append(positions[row, batch.prompt_width :][response])
+            group.append(torch.full((count,), owner))
+            branch.append(torch.full((count,), row))
+            # Token 0 is scored by the prompt's last token, token t > 0 by token t - 1 of this response.
+            scoring.append(torch.cat([torch.tensor([last_prompt_index[owner]]), length + torch.arange(count)])[:count])
+            length += count
+        group, branch = torch.cat(group), torch.cat(branch)
+        earlier = torch.ones(length, length, dtype=torch.bool).tril()
+        visible = (branch[None, :] == -1) | (branch[None, :] == branch[:, None])
+        mask = earlier & (group[None, :] == group[:, None]) & visible
+        device = batch.input_ids.device
         return cls(
-            input_ids=batch.input_ids[real].unsqueeze(0),
-            position_ids=batch.position_ids()[real].unsqueeze(0),
-            scoring_index=scoring_index,
+            input_ids=torch.cat(ids).unsqueeze(0),
+            position_ids=torch.cat(pos).unsqueeze(0),
+            scoring_index=torch.cat(scoring).to(device),
             present=present,
+            attention_mask=mask.to(device)[None, None],
         )
 
     def to_rows(self, values: Tensor) -> Tensor:
@@ -80,19 +129,32 @@ def micro_batch_logits(model: torch.nn.Module, batch: RolloutBatch, layout: Forw
             logits_to_keep=batch.response_width + 1,
         )
         return output.logits[:, :-1]  # the logit at column c scores the token at column c + 1
-    packed = PackedRows.of(batch)
+    packed = PackedRows.of(batch, share_prompts=layout.share_prompts)
     return packed.to_rows(_packed_logits(model, packed)[0])
 
 
 def _packed_logits(model: torch.nn.Module, packed: PackedRows) -> Tensor:
     """``[1, scored, vocab]``: only the logits that score response tokens."""
-    output = model(
-        input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
-        use_cache=False,
-        logits_to_keep=packed.scoring_index,
-    )
+    output = model(**_packed_inputs(model, packed), use_cache=False, logits_to_keep=packed.scoring_index)
     return output.logits
+
+
+def _packed_inputs(model: torch.nn.Module, packed: PackedRows) -> dict[str, Tensor]:
+    inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids}
+    if packed.attention_mask is not None:
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                f"optim.share_prompts=true needs the sdpa or eager attention (an explicit mask); this model uses "
+                f"{implementation!r}: set optim.share_prompts=false"
+            )
+        mask = packed.attention_mask
+        if implementation == "eager":  # an additive mask
+            mask = torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(model.dtype).min
+            )
+        inputs["attention_mask"] = mask
+    return inputs
 
 
 def response_token_stats(
@@ -112,14 +174,14 @@ def response_token_stats(
     )
     if not layout.packed and not layout.fused_head:
         return token_stats_from_logits(micro_batch_logits(model, batch), batch.response_ids, **options)
-    packed = PackedRows.of(batch)
+    packed = PackedRows.of(batch, share_prompts=layout.packed and layout.share_prompts)
     targets = batch.response_ids[packed.present].unsqueeze(0)
     if not layout.fused_head:  # statistics of the scored positions only, then back to rows
         stats = token_stats_from_logits(_packed_logits(model, packed), targets, **options)
         return TokenStats(**{name: _rows(packed, getattr(stats, name)) for name in TokenStats.__dataclass_fields__})
     decoder, head = decoder_and_head(model)
     if layout.packed:
-        hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        hidden = decoder(**_packed_inputs(base_model(model), packed), use_cache=False)
         scoring = hidden.last_hidden_state[0, packed.scoring_index]
     else:
         hidden = decoder(
@@ -137,10 +199,25 @@ def _rows(packed: PackedRows, values: Tensor | None) -> Tensor | None:
     return None if values is None else packed.to_rows(values[0])
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a peft wrapper, or ``model``."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _prompt_owners(batch: RolloutBatch) -> list[int]:
+    """For each row, the first row of the micro-batch with the same prompt tokens (itself when none earlier)."""
+    first: dict[tuple[int, ...], int] = {}
+    owners = []
+    for row in range(batch.num_rows):
+        prompt = batch.input_ids[row, : batch.prompt_width][batch.attention_mask[row, : batch.prompt_width].bool()]
+        owners.append(first.setdefault(tuple(prompt.tolist()), row))
+    return owners
+
+
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear]:
     """The decoder stack and the LM head of a Hugging Face causal LM (through a peft wrapper), or a ValueError
     saying why the fused head cannot stand in for this model's own."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     name = type(base).__name__
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None

@@ -8,6 +8,8 @@ from stare_lightning.config.checks import choice, flag, number, text
 from stare_lightning.step.forward import ForwardLayout
 
 SCHEDULES = ("constant", "cosine")
+# The optimizers here with a fused (one kernel over all parameters) implementation on CPU and GPU.
+FUSED_OPTIMIZERS = ("torch.optim.Adam", "torch.optim.AdamW")
 
 
 @dataclass
@@ -21,10 +23,15 @@ class OptimConfig:
     schedule: str = "constant"  # constant | cosine
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0  # 0 disables clipping
+    # The optimizer's fused implementation: one pass over every parameter instead of a loop of small kernels (on a
+    # CPU, AdamW's step over 135M parameters takes 0.2 s instead of 0.9 s); the same update within fp32 rounding.
+    fused: bool = False
     micro_batch_tokens: int = 8192
     logprob_chunk_size: int = 1024
     # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py).
     packed_sequences: bool = False
+    # With packed_sequences: the samples of one prompt share one copy of it in the forward and backward.
+    share_prompts: bool = False
     # Log-probs and entropy from the last hidden states and the LM head a chunk at a time: no [tokens, vocab]
     # logits are held, in the forward or the backward (memory for long responses; a little more compute).
     fused_lm_head: bool = False
@@ -43,10 +50,24 @@ class OptimConfig:
         number(f"{p}warmup_steps", self.warmup_steps, low=0, integer=True)
         number(f"{p}min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         number(f"{p}grad_clip", self.grad_clip, low=0.0)
+        flag(f"{p}fused", self.fused)
+        if self.fused and self.optimizer not in FUSED_OPTIMIZERS:
+            raise ValueError(
+                f"{p}fused=true needs an optimizer with a fused implementation, one of {list(FUSED_OPTIMIZERS)}; "
+                f"{p}optimizer={self.optimizer!r}: set {p}fused=false"
+            )
         number(f"{p}micro_batch_tokens", self.micro_batch_tokens, low=1, integer=True)
         number(f"{p}logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True)
         flag(f"{p}packed_sequences", self.packed_sequences)
         flag(f"{p}fused_lm_head", self.fused_lm_head)
+        flag(f"{p}share_prompts", self.share_prompts)
+        if self.share_prompts and not self.packed_sequences:
+            raise ValueError(
+                f"{p}share_prompts=true does nothing without {p}packed_sequences=true: prompts are shared inside "
+                "a packed sequence; set both"
+            )
 
     def forward_layout(self) -> ForwardLayout:
-        return ForwardLayout(packed=self.packed_sequences, fused_head=self.fused_lm_head)
+        return ForwardLayout(
+            packed=self.packed_sequences, fused_head=self.fused_lm_head, share_prompts=self.share_prompts
+        )
