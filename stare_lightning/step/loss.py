@@ -99,14 +99,10 @@ def micro_batch_loss(
     # A selection made here by the current policy's sensitivity needs this forward's Phi.
     current_phi = (selection_timing(stare := alg.stare), stare.selector, stare.surprisal_source) == SELECTS_BY_PHI
     stats = response_token_stats(
-        policy,
-        part,
-        layout,
-        temperature=temperature,
-        chunk_size=chunk_size,
+        policy, part, layout, temperature=temperature, chunk_size=chunk_size,
         with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi,
         with_sensitivity=on_policy_first_pass or current_phi,
-    )
+    )  # fmt: skip
     old_logprobs = stats.logprobs.detach() if on_policy_first_pass or alg.detaches_old_logprobs() else part.old_logprobs
     stare_omega, stare_selected = micro_batch_stare_weights(
         alg,
