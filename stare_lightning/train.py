@@ -7,8 +7,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import lightning
+from lightning.pytorch.accelerators import CPUAccelerator
 from transformers import AutoTokenizer
 
+from stare_lightning.allocator import hint_if_page_faulting
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
 from stare_lightning.config.schema import RunConfig
 from stare_lightning.data.datamodule import PromptDataModule
@@ -110,6 +112,7 @@ def fit(cfg: RunConfig):
     ignore_expected_warnings()
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
+    hint_if_page_faulting(isinstance(trainer.accelerator, CPUAccelerator))
     ckpt_path = _checkpoint_path(cfg)
     if cfg.validation.before_fit and ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)

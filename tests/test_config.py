@@ -93,6 +93,7 @@ def test_long_cot_recipes_keep_the_paper_setting_and_switch_the_memory_levers_on
     assert run.model.name_or_path == model and run.algorithm == short.algorithm and run.optim.lr == short.optim.lr
     assert run.rollout.max_new_tokens == 16384 and run.rollout.enable_sleep_mode and run.model.gradient_checkpointing
     assert run.optim.micro_batch_tokens >= run.rollout.max_new_tokens  # a whole response fits one micro-batch
+    assert run.optim.packed_sequences and run.optim.fused_lm_head and not run.telemetry.same_batch_entropy
 
 
 def test_tool_recipe_inherits_the_paper_setting_and_adds_the_interpreter(tmp_path):
@@ -164,7 +165,6 @@ def test_bad_values_name_the_key(tmp_path, override, needle):
     "overrides, message",
     [
         (["optim.fused_lm_head=true"], "telemetry.same_batch_entropy=true compares the full logits"),
-        (["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false", "trainer=fsdp"], "sharded strategy"),
         (["optim.packed_sequences=maybe"], "optim.packed_sequences"),
     ],
 )
@@ -174,6 +174,8 @@ def test_forward_layouts_are_refused_where_they_cannot_apply(tmp_path, overrides
     layout = compose_run(tmp_path, ["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false",
                                     "optim.packed_sequences=true"])[1].optim.forward_layout()  # fmt: skip
     assert layout.packed and layout.fused_head
+    sharded = ["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false", "trainer=fsdp"]
+    assert compose_run(tmp_path, sharded)[1].optim.forward_layout().fused_head  # FSDP2: tests/test_fsdp.py
 
 
 def test_unknown_key_is_rejected(tmp_path):

@@ -141,6 +141,17 @@ def test_two_process_ppo_mini_batches_match_one_process(tmp_path, model_cache):
     _assert_same_steps(one, two, num_steps=2)
 
 
+def test_two_process_packed_fused_fsdp_fit_matches_the_padded_one_process_fit(reference, tmp_path, model_cache):
+    """Packed micro-batches with shared prompts and the fused LM head under FSDP2: the head's weight is read after
+    the root's forward has gathered it, and the backward reduce-scatters its gradient (grad_norm would show a
+    rank's local gradient); every step is the padded one-process run's."""
+    layout = ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused_lm_head=true",
+              "telemetry.same_batch_entropy=false"]  # fmt: skip
+    sharded = tmp_path / "fsdp_packed_fused"
+    _fit([f"output_dir={sharded}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *layout], model_cache)
+    _assert_same_steps(reference, sharded)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -23,11 +23,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from stare_lightning.algorithms import AlgorithmConfig
-from stare_lightning.rollout.base import Rollouts
 from stare_lightning.step import Experience, micro_batch_loss, micro_batches
-from stare_lightning.step.batch import build_rollout_batch
 from stare_lightning.step.loss import gate_entropy, step_normalizer
 from stare_lightning.step.scoring import score_batch
+from tests.experiences import on_policy_experience
 from tests.test_algorithms_config import CONF_DIR
 
 TEMPERATURE, W, MAX_NEW_TOKENS = 0.9, 3.0, 12
@@ -46,17 +45,8 @@ def fixed_batch(vocab: int) -> Experience:
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 4, 6, 3, 5, 4, 6)]
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (7, 2, 9, 4, 12, 5, 3, 8)]
-    rollouts = Rollouts(
-        prompt_ids=prompts,
-        response_ids=responses,
-        response_logprobs=[[-1.0] * len(r) for r in responses],
-        texts=[""] * 8,
-        finish_reasons=["stop"] * 8,
-        n=4,
-    )
     advantages = torch.tensor([0.8, -0.8, 0.5, -1.2, 1.0, -0.3, 0.0, 0.7])
-    batch = build_rollout_batch(rollouts, advantages.clone(), advantages, pad_token_id=0)
-    return Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
+    return on_policy_experience(prompts, responses, advantages, n=4)
 
 
 # ------------------------------------------------------------------------------------- the reference loop

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from stare_lightning.algorithms import StepParams, step_selection
-from stare_lightning.rollout.base import Rollouts
 from stare_lightning.step import Experience, micro_batch_loss, micro_batches
-from stare_lightning.step.batch import build_rollout_batch
 from stare_lightning.step.forward import PADDED, ForwardLayout, PackedRows, response_token_stats
 from stare_lightning.step.loss import step_normalizer
 from stare_lightning.step.scoring import score_batch
+from tests.experiences import on_policy_experience
 from tests.test_official_semantics import official_config
 
 TEMPERATURE = 0.8
@@ -44,18 +43,8 @@ def uneven_batch(vocab: int, seed: int = 5) -> Experience:
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in response_lengths]
     masks = [[True] * n for n in response_lengths]
     masks[3][5:12] = [False] * 7  # a tool reply: attended, never scored by the loss
-    rollouts = Rollouts(
-        prompt_ids=prompts,
-        response_ids=responses,
-        response_logprobs=[[-1.0] * len(r) for r in responses],
-        texts=[""] * 6,
-        finish_reasons=["stop"] * 6,
-        n=3,
-        policy_masks=masks,
-    )
     advantages = torch.tensor([0.9, -0.4, 1.3, -1.1, 0.6, -0.7])
-    batch = build_rollout_batch(rollouts, advantages.clone(), advantages, pad_token_id=0)
-    return Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
+    return on_policy_experience(prompts, responses, advantages, n=3, policy_masks=masks)
 
 
 def row_by_row_reference(model, batch: Experience) -> tuple[torch.Tensor, torch.Tensor]:

@@ -106,13 +106,6 @@ class RunConfig:
                 f"(trainer.strategy={target}): LoRA here is single-process or DDP (trainer=gpu, trainer=ddp); "
                 "set model.lora.rank=0 for FSDP2"
             )
-        if self.optim.fused_lm_head and sharded:
-            # The fused pass calls the decoder and reads the LM head's weight outside the root module's
-            # forward, where FSDP2 has not gathered the root's parameters (embeddings, final norm, head).
-            raise ValueError(
-                f"optim.fused_lm_head=true is not supported with a sharded strategy (trainer.strategy={target}); "
-                "set it false (optim.packed_sequences and gradient checkpointing still apply)"
-            )
         if self.optim.fused_lm_head and self.telemetry.same_batch_entropy:
             raise ValueError(
                 "optim.fused_lm_head=true never forms the logits, but telemetry.same_batch_entropy=true compares "

@@ -22,6 +22,13 @@ Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: we
 come back as they were (level 2 drops them; a wake-up would reload the checkpoint over the synced weights:
 rollouts silently on stale weights). On CPU, sleep and wake do nothing.
 
+Compilation. On CPU the engine runs eagerly by default (``enforce_eager``): vLLM's torch.compile takes minutes
+at the first start. ``rollout.engine_kwargs.enforce_eager=false`` compiles the model (SmolLM2 decodes ~20%
+faster on a 2-core CPU; the weight sync still reaches the compiled model, as the log-prob canary shows). vLLM
+0.32's ahead-of-time compiled artifacts fail to load back on CPU ("'function' object has no attribute
+'finalize_loading'"), so every start would compile again (~160 s); this module turns that path off on CPU
+(``VLLM_USE_AOT_COMPILE=0`` unless set), leaving inductor's own cache, which later starts load (~50 s).
+
 Chunked prefill is off on CPU: vLLM spreads a prompt over steps, samples at each unfinished one, then drops the
 token and rewinds the request's generator (``_bookkeeping_sync``), which CPU generators cannot do, so seeded
 requests (all here) crash. Unchunked, a prompt is prefilled whole; samples are unchanged. GPUs keep the default.
@@ -104,7 +111,7 @@ class VLLMRolloutEngine:
         max_model_len: longest prompt + response; defaults to the model's context length.
         enable_sleep_mode: allow ``sleep``/``wake`` to release GPU memory between rollouts.
         seed: engine seed (offset by the data-parallel rank under a multi-rank trainer).
-        enforce_eager: skip graph capture/compilation; defaults to True on CPU.
+        enforce_eager: skip graph capture/compilation; defaults to True on CPU (module docstring).
         logprobs_mode: see the module docstring; ``processed_logprobs`` matches the trainer.
         **llm_kwargs: passed to ``vllm.LLM`` over the engine's own settings (``rollout.engine_kwargs``).
     """
@@ -139,6 +146,8 @@ class VLLMRolloutEngine:
                 "first imported (importing stare_lightning.rollout.vllm first does it)"
             )
         self.on_cpu = bool(current_platform.is_cpu())
+        if self.on_cpu:
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")  # see "Compilation" in the module docstring
         self.model_dir = Path(model_dir)
         self.sleep_enabled = bool(enable_sleep_mode) and not self.on_cpu
         self._asleep: set[str] = set()

@@ -95,9 +95,10 @@ class PackedRows:
             scoring.append(torch.cat([torch.tensor([last_prompt_index[owner]]), length + torch.arange(count)])[:count])
             length += count
         group, branch = torch.cat(group), torch.cat(branch)
-        earlier = torch.ones(length, length, dtype=torch.bool).tril()
-        visible = (branch[None, :] == -1) | (branch[None, :] == branch[:, None])
-        mask = earlier & (group[None, :] == group[:, None]) & visible
+        # Query i sees key j when j is not later, in the same group, and either the group's prompt or i's own row.
+        mask = (branch[None, :] == -1) | (branch[None, :] == branch[:, None])
+        mask &= group[None, :] == group[:, None]
+        mask.tril_()
         device = batch.input_ids.device
         return cls(
             input_ids=torch.cat(ids).unsqueeze(0),
@@ -177,26 +178,37 @@ def response_token_stats(
     packed = PackedRows.of(batch, share_prompts=layout.packed and layout.share_prompts)
     targets = batch.response_ids[packed.present].unsqueeze(0)
     if not layout.fused_head:  # statistics of the scored positions only, then back to rows
-        stats = token_stats_from_logits(_packed_logits(model, packed), targets, **options)
-        return TokenStats(**{name: _rows(packed, getattr(stats, name)) for name in TokenStats.__dataclass_fields__})
+        return _in_rows(packed, token_stats_from_logits(_packed_logits(model, packed), targets, **options))
     decoder, head = decoder_and_head(model)
     if layout.packed:
-        hidden = decoder(**_packed_inputs(base_model(model), packed), use_cache=False)
-        scoring = hidden.last_hidden_state[0, packed.scoring_index]
+        hidden = _decoder_output(model, decoder, _packed_inputs(base_model(model), packed))
+        scoring = hidden[0, packed.scoring_index]
     else:
-        hidden = decoder(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids(),
-            use_cache=False,
-        )
-        scoring = hidden.last_hidden_state[:, batch.prompt_width - 1 : -1][packed.present]
-    stats = token_stats_from_hidden(scoring.unsqueeze(0), head.weight, targets, **options)
-    return TokenStats(**{name: _rows(packed, getattr(stats, name)) for name in TokenStats.__dataclass_fields__})
+        inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids())
+        scoring = _decoder_output(model, decoder, inputs)[:, batch.prompt_width - 1 : -1][packed.present]
+    # The head's weight is read after the model's forward: under FSDP2 that forward gathered it (the root's
+    # parameters stay gathered until the backward, which reduce-scatters the gradient it gets here).
+    return _in_rows(packed, token_stats_from_hidden(scoring.unsqueeze(0), head.weight, targets, **options))
 
 
-def _rows(packed: PackedRows, values: Tensor | None) -> Tensor | None:
-    return None if values is None else packed.to_rows(values[0])
+def _decoder_output(model: torch.nn.Module, decoder: torch.nn.Module, inputs: dict[str, Tensor]) -> Tensor:
+    """The decoder's last hidden states (after its final norm) from a forward of the whole model that keeps no
+    logits (``logits_to_keep`` selects no position). The whole model runs, not the decoder alone, so that an
+    FSDP2 root gathers its own parameters (embeddings, final norm, head) as in any forward."""
+    captured: list[Tensor] = []
+    hook = decoder.register_forward_hook(lambda _module, _args, output: captured.append(output.last_hidden_state))
+    nothing = torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
+    try:
+        model(**inputs, use_cache=False, logits_to_keep=nothing)
+    finally:
+        hook.remove()
+    return captured[0]
+
+
+def _in_rows(packed: PackedRows, stats: TokenStats) -> TokenStats:
+    """``[1, scored]`` statistics back at their ``[rows, response_width]`` places."""
+    values = {name: getattr(stats, name) for name in TokenStats.__dataclass_fields__}
+    return TokenStats(**{name: None if v is None else packed.to_rows(v[0]) for name, v in values.items()})
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
