@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
-# GPU smoke test (a few minutes): a bf16 FSDP2 fit (FSDP2 MixedPrecisionPolicy, fp32 master weights) of SmolLM2-135M-Instruct with vLLM rollouts for a few
-# steps on every visible GPU, then the step time, rollout tokens/s and peak GPU memory it logged.
-# Usage: scripts/gpu_smoke.sh [extra overrides]    (run `make install` first)
+# GPU smoke test (a few minutes): a bf16 FSDP2 fit (FSDP2 MixedPrecisionPolicy, fp32 master weights) of
+# SmolLM2-135M-Instruct with colocated vLLM rollouts for a few steps on every visible GPU, twice: as configured,
+# then with the memory levers on (vLLM sleep mode during the update, packed micro-batches, the fused LM head).
+# Each run prints its step time, rollout tokens/s and peak GPU memory.
+# Usage: scripts/gpu_smoke.sh [extra overrides for both runs]    (run `make install` first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-outputs/gpu_smoke}
 GPUS=$(nvidia-smi -L | wc -l)
-rm -rf "$OUT"
-start=$(date +%s)
-timeout 300 "$PY" -m stare_lightning fit experiment=smollm2_countdown trainer=fsdp trainer.accelerator=gpu \
-  trainer.devices="$GPUS" trainer.max_steps=5 trainer.val_check_interval=100 \
-  validation.before_fit=false callbacks=minimal summary=false rollout=vllm rollout.gpu_memory_utilization=0.3 \
-  output_dir="$OUT" "$@"
-end=$(date +%s)
-"$PY" - "$OUT" "$((end - start))" <<'PY'
+LEVERS=(rollout.enable_sleep_mode=true optim.packed_sequences=true optim.fused_lm_head=true
+  telemetry.same_batch_entropy=false)
+
+smoke() {  # smoke NAME [overrides...]
+  local name=$1 dir="$OUT/$1"
+  shift
+  rm -rf "$dir"
+  local start end
+  start=$(date +%s)
+  timeout 300 "$PY" -m stare_lightning fit experiment=smollm2_countdown trainer=fsdp trainer.accelerator=gpu \
+    trainer.devices="$GPUS" trainer.max_steps=5 trainer.val_check_interval=100 \
+    validation.before_fit=false callbacks=minimal summary=false rollout=vllm rollout.gpu_memory_utilization=0.3 \
+    output_dir="$dir" "$@"
+  end=$(date +%s)
+  "$PY" - "$dir" "$name" "$((end - start))" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(f"{sys.argv[1]}/logs/metrics.csv")) if r.get("train/entropy")]
 def mean(key):
     values = [float(r[key]) for r in rows if r.get(key)]
     return sum(values) / len(values) if values else float("nan")
-print(f"steps: {len(rows)}  wall (incl. start-up): {sys.argv[2]} s")
-print(f"rollout tokens/s: {mean('train/rollout/tokens_per_s'):.0f}")
-print(f"step time s: {mean('train/time/step_s'):.2f}  peak GPU memory GiB: {mean('train/memory/peak_gib'):.2f}")
+print(f"[{sys.argv[2]}] steps: {len(rows)}  wall (incl. start-up): {sys.argv[3]} s")
+print(f"[{sys.argv[2]}] rollout tokens/s: {mean('train/rollout/tokens_per_s'):.0f}")
+print(f"[{sys.argv[2]}] step time s: {mean('train/time/step_s'):.2f}  "
+      f"peak GPU memory GiB: {mean('train/memory/peak_gib'):.2f}")
 PY
+}
+
+smoke plain "$@"
+smoke levers "${LEVERS[@]}" "$@"
