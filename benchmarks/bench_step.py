@@ -86,11 +86,8 @@ def project_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
 
     with open(out_dir / "logs" / "metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("train/time/step_s")]
-    kept = {f"train/{CANARY}"}
-    return [
-        {k.removeprefix("train/"): float(v) for k, v in r.items() if v and (k.startswith("train/time/") or k in kept)}
-        for r in rows
-    ]
+    wanted = ("train/time/", f"train/{CANARY}")  # the time breakdown (a prefix) and the canary
+    return [{k.removeprefix("train/"): float(v) for k, v in r.items() if v and k.startswith(wanted)} for r in rows]
 
 
 def trl_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
