@@ -20,6 +20,11 @@ from stare_lightning.tools import ToolsConfig, build_tool, build_tool_from_confi
             r"tools.timeout_seconds=9.0 does nothing with tools=calculator",
         ),
         ({"name": "python", "isolation": "sandbox_fusion"}, r"needs tools.sandbox_fusion_url"),
+        (
+            {"name": "python", "isolation": "rlimits"},
+            r"tools.isolation=rlimits was renamed to tools.isolation=rlimits_unsafe: without bubblewrap the code can "
+            r"read the host's files",
+        ),
         ({"name": "python", "sandbox_fusion_url": "http://x:1"}, r"does nothing with tools.isolation=bubblewrap"),
         ({"name": "python", "isolation": "sandbox_fusion", "sandbox_fusion_url": "ftp://x"}, r"http:// or https://"),
         (
@@ -37,9 +42,11 @@ def test_each_tool_gets_the_settings_that_apply_to_it():
     assert build_tool_from_config(ToolsConfig()) is None
     calculator = build_tool_from_config(ToolsConfig(name="calculator", max_output_chars=64))
     assert calculator.name == "calculator" and calculator.run("2**10").text.strip() == "1024"
-    options = ToolsConfig(name="python", isolation="rlimits", timeout_seconds=3.0).tool_options()
+    options = ToolsConfig(name="python", isolation="rlimits_unsafe", timeout_seconds=3.0).tool_options()
     assert (
-        options["isolation"] == "rlimits" and options["timeout_seconds"] == 3.0 and "sandbox_fusion_url" not in options
+        options["isolation"] == "rlimits_unsafe"
+        and options["timeout_seconds"] == 3.0
+        and "sandbox_fusion_url" not in options
     )
     with pytest.raises(ValueError, match="tools=none means no tool"):
         build_tool("none")

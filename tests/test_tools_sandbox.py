@@ -1,6 +1,6 @@
 """The python tool's sandbox, for real: hostile code (loops, fork bombs, memory, floods, files, secrets, sockets)
 comes back as an error within its limits and leaves the host and the trainer untouched; normal code, state and
-tracebacks work. The bubblewrap tests need ``bwrap`` (skipped without it); the rlimits tests run anywhere."""
+tracebacks work. The bubblewrap tests need ``bwrap`` (skipped without it); the rlimits_unsafe tests run anywhere."""
 
 from __future__ import annotations
 
@@ -224,12 +224,12 @@ def test_hostile_calls_leave_a_concurrent_training_step_untouched(sandbox):
 @needs_bwrap
 def test_a_missing_bubblewrap_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr("stare_lightning.tools.python_sandbox.bubblewrap_path", lambda: None)
-    with pytest.raises(RuntimeError, match="apt-get install bubblewrap.*isolation=rlimits"):
+    with pytest.raises(RuntimeError, match="apt-get install bubblewrap.*isolation=rlimits_unsafe"):
         build_tool("python")
 
 
-def test_rlimits_mode_runs_times_out_and_bounds_memory():
-    tool = _sandbox("rlimits")
+def test_rlimits_unsafe_mode_runs_times_out_and_bounds_memory():
+    tool = _sandbox("rlimits_unsafe")
     assert _timed(tool, "print(sum(range(10)))").text == "45\n"
     assert _timed(tool, "print(x * 2)", history=["x = 21"]).text == "42\n"
     looping = _timed(tool, "while True: pass")
@@ -239,7 +239,7 @@ def test_rlimits_mode_runs_times_out_and_bounds_memory():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root the sandbox gives up root for a uid of its own")
-def test_rlimits_mode_contains_a_fork_bomb_as_root():
-    result = _timed(_sandbox("rlimits"), STUBBORN_BOMB)
+def test_rlimits_unsafe_mode_contains_a_fork_bomb_as_root():
+    result = _timed(_sandbox("rlimits_unsafe"), STUBBORN_BOMB)
     uid = int(result.text.split()[0])
     assert not result.ok and uid != 0 and not _processes_of(uid)

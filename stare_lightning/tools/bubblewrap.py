@@ -1,15 +1,18 @@
 """The bubblewrap command line of one sandboxed call: what the policy's code can see, write and reach.
 
-The sandbox's root is the host's root, read-only. Over it:
-- ``/root``, ``/home``, ``/run``, ``/var/tmp``, ``/mnt``, ``/media``, ``/srv``, the trainer's working directory and
-  the project checkout are hidden behind empty read-only tmpfs (the code cannot read the trainer's files or
-  caches); only the Python installation (``sys.prefix``, ``sys.base_prefix``: the interpreter, its standard library
-  and the site-packages with numpy, sympy, ...) is bound back in, read-only, where it lives under a hidden directory;
-- ``/tmp`` is a private tmpfs of ``scratch_mb`` (the writable scratch directory ``/tmp/work`` is in it, so what a
-  call writes is bounded in total and vanishes with the sandbox), ``/dev`` a minimal one, ``/proc`` the procfs of
-  the sandbox's own pid namespace (no host process, so no trainer environment, is visible);
-- new network (loopback only, down), pid, ipc, uts and cgroup namespaces; ``--die-with-parent`` and
-  ``--new-session``; an environment that holds only the variables of ``sandbox_env``.
+Mounts are an allowlist: the sandbox's root is bubblewrap's empty tmpfs (made read-only) holding, read-only, only
+what the interpreter needs: ``/usr``, ``/bin``, ``/sbin``, ``/lib*`` (symlinks where the host has symlinks),
+``/etc`` with its secrets (``SECRETS``: password hashes, sudoers, ssh and TLS private keys) hidden, and the Python
+installation (``runtime_dirs``: ``sys.prefix``, ``sys.base_prefix`` and site-packages, wherever they live).
+Nothing else of the host is there: not the trainer's working directory, the checkout, the data and output
+directories, ``/home``, ``/root`` (but for the runtime under it), ``/opt``, ``/var`` or ``/srv``. Over it:
+``/tmp`` a private tmpfs of ``scratch_mb`` (the writable scratch directory ``/tmp/work`` is in it, so what a call
+writes is bounded in total and vanishes with the sandbox), ``/dev`` a minimal one (with its own ``/dev/shm``),
+``/proc`` the procfs of the sandbox's own pid namespace (no host process, so no trainer environment, is visible).
+
+New network (loopback only, down), pid, ipc, uts and cgroup namespaces; ``--die-with-parent`` and
+``--new-session``; an environment that holds only the variables of ``sandbox_env``; and, when ``seccomp_fd`` is
+given, the seccomp filter of ``seccomp.py`` read from that file descriptor.
 """
 
 from __future__ import annotations
@@ -17,21 +20,22 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+import sysconfig
 from pathlib import Path
 
-__all__ = ["BUBBLEWRAP_MISSING", "bubblewrap_argv", "bubblewrap_path", "hidden_dirs", "sandbox_env"]
+__all__ = ["BUBBLEWRAP_MISSING", "SECRETS", "bubblewrap_argv", "bubblewrap_path", "runtime_dirs", "sandbox_env"]
 
 BUBBLEWRAP_MISSING = (
     "isolation=bubblewrap needs bubblewrap (bwrap), which is not installed: `apt-get install bubblewrap` "
-    "(`make install` does it where it can), or opt in to the weaker tools.isolation=rlimits (resource limits "
-    "only: the code can read files and open sockets), or tools.isolation=sandbox_fusion with a service"
+    "(`make install` does it where it can), or opt in to the weaker tools.isolation=rlimits_unsafe (resource "
+    "limits and, where the kernel allows, namespaces: the code can read the host's files outside the home "
+    "directories), or tools.isolation=sandbox_fusion with a service"
 )
 CALL_DIR = "/tmp/.call"  # the host's per-call directory (the program), read-only
 WORK_DIR = "/tmp/work"  # the writable scratch directory, the code's working directory and HOME
-_ALWAYS_HIDDEN = ("/root", "/home", "/run", "/var/tmp", "/mnt", "/media", "/srv")
-# Hiding these (or a directory inside them) would hide the system the interpreter runs on.
-_SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/tmp")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
+           "/etc/ssh", "/etc/ssl/private")  # fmt: skip
 
 
 def bubblewrap_path() -> str | None:
@@ -53,58 +57,59 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def _project_root() -> str | None:
-    """The checkout this package runs from (None when it is installed in site-packages)."""
-    root = Path(__file__).resolve().parents[2]
-    return str(root) if (root / "pyproject.toml").exists() or (root / ".git").exists() else None
-
-
-def hidden_dirs() -> list[str]:
-    """The directories to hide, outermost only, never the system's."""
-    candidates = [*_ALWAYS_HIDDEN, os.getcwd(), os.path.expanduser("~"), _project_root()]
-    real = {os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}
-    kept = [p for p in real if p != "/" and not any(_inside(p, s) or _inside(s, p) for s in _SYSTEM)]
-    return sorted(p for p in kept if not any(q != p and _inside(p, q) for q in kept))
-
-
-def _runtime_dirs() -> list[str]:
-    """Where the interpreter, its standard library and site-packages live."""
+def runtime_dirs() -> list[str]:
+    """Where the interpreter, its standard library and site-packages live (outermost only)."""
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     dirs.add(str(Path(os.path.realpath(sys.executable)).parent.parent))
-    return sorted({os.path.realpath(d) for d in dirs if d and os.path.isdir(d)})
+    dirs.update(sysconfig.get_paths().get(key) or "" for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    real = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
+    return sorted(d for d in real if not any(o != d and _inside(d, o) for o in real))
 
 
-def _hiding_args(hidden: Iterable[str]) -> list[str]:
-    """tmpfs over each hidden directory, the runtime directories bound back (read-only, with readable parents),
-    then each hidden tmpfs made read-only."""
-    hidden = list(hidden)
+def _system_args() -> list[str]:
+    """The system directories, read-only (a symlink such as ``/bin -> usr/bin`` as the same symlink)."""
     args: list[str] = []
-    for path in hidden:
-        args += ["--tmpfs", path]
-    made: set[str] = set()
-    for runtime in _runtime_dirs():
-        parent = next((h for h in hidden if _inside(runtime, h)), None)
-        if parent is None:
-            continue  # visible anyway
-        for ancestor in reversed(Path(runtime).parents):  # bwrap would create them root-only (0700)
-            step = str(ancestor)
-            if _inside(step, parent) and step != parent and step not in made:
-                args += ["--perms", "0755", "--dir", step]
-                made.add(step)
-        args += ["--ro-bind", runtime, runtime]
-    for path in hidden:
-        args += ["--remount-ro", path]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in SECRETS:
+        if os.path.isdir(path) and not os.path.islink(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
     return args
 
 
-def bubblewrap_argv(bwrap: str, call_dir: str, scratch_mb: int, launcher_args: list[str]) -> list[str]:
-    """The command line that runs ``launcher_args`` (``python -I -B -c LAUNCHER ...``) in the sandbox."""
-    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_hiding_args(hidden_dirs())]
+def _runtime_args() -> list[str]:
+    """The Python installation, read-only, with world-readable parents (bwrap would make them root-only)."""
+    args: list[str] = []
+    made: set[str] = set()
+    for runtime in runtime_dirs():
+        if any(_inside(runtime, s) for s in SYSTEM_DIRS if not os.path.islink(s)):
+            continue  # there already
+        for ancestor in reversed(Path(runtime).parents):
+            step = str(ancestor)
+            if step != "/" and step not in made:
+                args += ["--perms", "0755", "--dir", step]
+                made.add(step)
+        args += ["--ro-bind", runtime, runtime]
+    return args
+
+
+def bubblewrap_argv(
+    bwrap: str, call_dir: str, scratch_mb: int, launcher_args: list[str], seccomp_fd: int | None = None
+) -> list[str]:
+    """The command line that runs ``launcher_args`` (``python -I -B -c <launcher> ...``) in the sandbox."""
+    args = [bwrap, *_system_args(), *_runtime_args(), "--dev", "/dev", "--proc", "/proc"]
     args += ["--size", str(scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp"]
-    args += ["--ro-bind", call_dir, CALL_DIR]
+    args += ["--ro-bind", call_dir, CALL_DIR, "--remount-ro", "/"]
     # No user namespace when run as root: the launcher then gives up root itself (so RLIMIT_NPROC applies).
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     for key, value in sandbox_env(WORK_DIR).items():
         args += ["--setenv", key, value]
     return [*args, "--chdir", "/tmp", "--", *launcher_args]

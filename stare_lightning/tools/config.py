@@ -16,7 +16,7 @@ from stare_lightning.tools.formats import FORMATS
 __all__ = ["ISOLATIONS", "TOOL_NAMES", "ToolsConfig"]
 
 TOOL_NAMES = ("none", "python", "calculator")
-ISOLATIONS = ("bubblewrap", "rlimits", "sandbox_fusion")
+ISOLATIONS = ("bubblewrap", "rlimits_unsafe", "sandbox_fusion")
 # The python tool's sandbox: meaningless with the calculator.
 PYTHON_KEYS = ("isolation", "sandbox_fusion_url", "persist_state", "timeout_seconds", "cpu_seconds", "memory_mb",
                "file_size_mb", "max_processes")  # fmt: skip
@@ -27,12 +27,12 @@ LOCAL_SANDBOX_KEYS = ("cpu_seconds", "file_size_mb", "max_processes")  # not sen
 class ToolsConfig:
     name: str = "none"  # none | python | calculator
     format: str = "code_block"  # code_block (<code>, ReTool) | json (<tool_call>, Qwen2.5/Hermes)
-    isolation: str = "bubblewrap"  # python only: bubblewrap | rlimits (weaker) | sandbox_fusion (a service)
+    isolation: str = "bubblewrap"  # python only: bubblewrap | rlimits_unsafe (weaker) | sandbox_fusion (a service)
     sandbox_fusion_url: str | None = None  # required with isolation=sandbox_fusion
     persist_state: bool = True  # python: each call first replays the episode's earlier calls
     timeout_seconds: float = 5.0  # wall time of one call
     cpu_seconds: int = 5
-    memory_mb: int = 1024  # address space per process
+    memory_mb: int = 1024  # address space per process, and the call's total where cgroups are writable
     file_size_mb: int = 16  # largest file a call writes (its scratch space is 4x this)
     max_processes: int = 16  # processes and threads of one call
     max_output_chars: int = 1024  # what the model reads of one call's output
@@ -42,6 +42,13 @@ class ToolsConfig:
         p = "tools."
         choice(f"{p}name", self.name, TOOL_NAMES)
         choice(f"{p}format", self.format, FORMATS)
+        if self.isolation == "rlimits":
+            raise ValueError(
+                "tools.isolation=rlimits was renamed to tools.isolation=rlimits_unsafe: without bubblewrap the code "
+                "can read the host's files outside the home directories and checkout (data and outputs included), "
+                "and where the trainer is not root and user namespaces are refused it also reaches the network, the "
+                "host's processes and /tmp; choose tools.isolation=rlimits_unsafe to accept that, or bubblewrap"
+            )
         choice(f"{p}isolation", self.isolation, ISOLATIONS)
         if self.sandbox_fusion_url is not None:
             text(f"{p}sandbox_fusion_url", self.sandbox_fusion_url)

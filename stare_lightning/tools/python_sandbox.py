@@ -1,22 +1,31 @@
 """The ``python`` tool: each call runs in a fresh, resource-limited process, isolated by bubblewrap by default.
 
 Isolation (``isolation``):
-- ``bubblewrap`` (default): the mount, network, pid, ipc and uts isolation of ``bubblewrap.py`` plus the resource
-  limits. Checked at construction (a trivial call must work), with a ``RuntimeError`` saying how to install it.
-- ``rlimits``: the resource limits, a scratch working directory, an empty environment and isolated mode only.
-  Weaker, and only an opt-in: the code can read whatever files an unprivileged user can (as root, any file: the
-  sandbox keeps the capability to read so that an interpreter under ``/root`` still works), open sockets and see
-  the host's processes; what it writes in its directory is bounded per file, not in total.
+- ``bubblewrap`` (default): the allowlisted mounts and the network, pid, ipc and uts namespaces of
+  ``bubblewrap.py``, the seccomp filter of ``seccomp.py``, plus the limits below. Checked at construction (a
+  trivial call must work), with a ``RuntimeError`` saying how to install it.
+- ``rlimits_unsafe``: the limits below, and what the launcher (``sandbox_launcher.py``) can do without
+  bubblewrap: as root, new mount, pid, network, ipc and uts namespaces (a private ``/tmp`` and ``/dev/shm``, no
+  network, the home directories, the trainer's directories and the password hashes hidden) and the seccomp
+  filter; otherwise the same inside a user namespace where the kernel allows one, else none of it. Even at best
+  the code reads every other file its uid can read (data directories outside the hidden ones included): use it
+  only for code you would run anyway.
 
-In both, the launcher (``sandbox_program.LAUNCHER``) sets ``RLIMIT_CPU`` (``cpu_seconds``), ``RLIMIT_AS``
-(``memory_mb``, per process), ``RLIMIT_FSIZE`` (``file_size_mb``), ``RLIMIT_NPROC`` (``max_processes``) and no core
-files, then, when the trainer is root, gives up root for a uid of its own drawn at random per call: the kernel does
-not apply ``RLIMIT_NPROC`` to root, and a uid of its own makes the count the call's processes only, so a fork bomb
-stops at ``max_processes``. A call's processes may hold ``max_processes x memory_mb`` in all. The host enforces
-``timeout_seconds`` of wall time (bwrap startup, replay and call together) and reads at most ``max_output_chars``.
+In both, the launcher sets ``RLIMIT_CPU`` (``cpu_seconds``), ``RLIMIT_AS`` (``memory_mb``, per process),
+``RLIMIT_FSIZE`` (``file_size_mb``), ``RLIMIT_NPROC`` (``max_processes``), ``RLIMIT_NOFILE``
+(``MAX_OPEN_FILES``) and no core files, then, when the trainer is root, gives up root for a uid of its own drawn
+per call (never one ``/etc/passwd`` or ``/etc/group`` names, nor one with a live process): the kernel does not apply
+``RLIMIT_NPROC`` to root, and a uid of its own makes the count the call's processes only. Where cgroups are
+writable (``cgroups.py``) each call also gets its own: ``memory_mb`` for the call's total (shared memory and
+memfds included), ``max_processes`` tasks (plus the sandbox's own few), one CPU. The host enforces
+``timeout_seconds`` of wall time (start-up, replay and call together) and reads at most ``max_output_chars``.
+
+A call ends only when none of its processes is left: its cgroup is killed, else its uid swept (``kill_uid``);
+with ``rlimits_unsafe`` the pid namespace ends with the call's init. A call that leaves a process that cannot be
+stopped fails, whatever its output.
 
 The interpreter is the trainer's own (``sys.executable``) in isolated mode (``-I -B``), with site-packages:
-the policy may import numpy or sympy, as ReTool-style sandboxes allow; the root file system is read-only anyway.
+the policy may import numpy or sympy, as ReTool-style sandboxes allow; the file system it sees is read-only.
 
 State (``persist_state``): each call is a fresh process that first replays the episode's earlier successful calls
 silently (``sandbox_program.replay_program``); with ``persist_state=False`` calls are independent.
@@ -24,8 +33,8 @@ silently (``sandbox_program.replay_program``); with ``persist_state=False`` call
 
 from __future__ import annotations
 
+import json
 import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -37,32 +46,47 @@ from stare_lightning.tools.base import ToolResult, compose_text
 from stare_lightning.tools.bubblewrap import (
     BUBBLEWRAP_MISSING,
     CALL_DIR,
+    SECRETS,
     WORK_DIR,
     bubblewrap_argv,
     bubblewrap_path,
+    runtime_dirs,
     sandbox_env,
 )
+from stare_lightning.tools.cgroups import CallCgroup, CgroupSetup, join_argv
 from stare_lightning.tools.sandbox_process import ProcessOutcome, ProcessRunner, kill_uid
-from stare_lightning.tools.sandbox_program import LAUNCHER, replay_program
+from stare_lightning.tools.sandbox_program import replay_program
+from stare_lightning.tools.sandbox_uids import SandboxUids
+from stare_lightning.tools.seccomp import filter_for_this_machine
 
-__all__ = ["ISOLATIONS", "PythonSandbox"]
+__all__ = ["ISOLATIONS", "MAX_OPEN_FILES", "PythonSandbox", "unsafe_hidden_dirs"]
 
-ISOLATIONS = ("bubblewrap", "rlimits")
-_UID_FLOOR = 100_000  # a sandbox uid is drawn above this, from the uids this container maps
+ISOLATIONS = ("bubblewrap", "rlimits_unsafe")
+RLIMITS_RENAMED = (
+    "isolation='rlimits' was renamed to 'rlimits_unsafe': it is weaker than bubblewrap (the code can read the "
+    "host's files outside the home directories, and without root or user namespaces also reach its network, "
+    "processes and /tmp); set isolation='rlimits_unsafe' to accept that, or use bubblewrap"
+)
+MAX_OPEN_FILES = 256  # RLIMIT_NOFILE of a call's processes
+CPUS_PER_CALL = 1.0  # the cgroup's CPU quota
+_SANDBOX_TASKS = 4  # tasks of the sandbox itself in a call's cgroup: the join shell / bwrap, its init, launcher
+_LAUNCHER = Path(__file__).with_name("sandbox_launcher.py").read_text(encoding="utf-8")
+# Hidden by rlimits_unsafe's mount namespace (with the trainer's working directory, home and checkout).
+_UNSAFE_HIDDEN = ("/root", "/home", "/run", "/var/tmp", "/mnt", "/media", "/srv")
+_SYSTEM = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev", "/tmp")
 
 
-def _uid_range() -> tuple[int, int]:
-    """The uids a call may run as: the widest range this user namespace maps, above ``_UID_FLOOR`` where it can
-    (away from real users, whose processes a sandbox uid could signal); (0, 0) when there is none to draw from."""
-    try:
-        rows = [tuple(map(int, line.split())) for line in Path("/proc/self/uid_map").read_text().splitlines()]
-    except OSError:
-        rows = []
-    low, count = max(((row[0], row[2]) for row in rows), key=lambda r: r[1], default=(0, 65536))
-    high = low + count - 2  # the last mapped uid is often the overflow uid (nobody)
-    if high > _UID_FLOOR + 1000:
-        return max(low + 1, _UID_FLOOR), high
-    return ((low + high) // 2, high) if high > low + 1 else (0, 0)
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def unsafe_hidden_dirs() -> list[str]:
+    """The directories ``rlimits_unsafe`` hides, outermost only, never the system's."""
+    checkout = Path(__file__).resolve().parents[2]
+    candidates = [*_UNSAFE_HIDDEN, os.getcwd(), os.path.expanduser("~"), str(checkout)]
+    real = {os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}
+    kept = [p for p in real if p != "/" and not any(_inside(p, s) or _inside(s, p) for s in _SYSTEM)]
+    return sorted(p for p in kept if not any(q != p and _inside(p, q) for q in kept))
 
 
 class PythonSandbox:
@@ -85,6 +109,8 @@ class PythonSandbox:
         max_processes: int = 16,
         max_output_chars: int = 1024,
     ) -> None:
+        if isolation == "rlimits":
+            raise ValueError(RLIMITS_RENAMED)
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation={isolation!r} is not allowed: choose one of {list(ISOLATIONS)}")
         for key, value in (("timeout_seconds", timeout_seconds), ("cpu_seconds", cpu_seconds),
@@ -99,8 +125,9 @@ class PythonSandbox:
         self._bwrap = bubblewrap_path() if isolation == "bubblewrap" else None
         if isolation == "bubblewrap" and self._bwrap is None:
             raise RuntimeError(BUBBLEWRAP_MISSING)
-        self._root = os.geteuid() == 0
-        self._uids = _uid_range()
+        self._uids = SandboxUids.for_this_process()
+        self._cgroups = CgroupSetup.for_this_process()
+        self._seccomp = filter_for_this_machine()
         self._self_check()
 
     def _self_check(self) -> None:
@@ -115,48 +142,91 @@ class PythonSandbox:
     def run(self, call: str, *, history: Sequence[str] = ()) -> ToolResult:
         started = time.perf_counter()
         program = replay_program(call, history if self.persist_state else ())
-        low, high = self._uids
-        uid = low + secrets.randbelow(high - low + 1) if self._root and high else 0
-        with tempfile.TemporaryDirectory(prefix="stare_sandbox_", ignore_cleanup_errors=True) as host_dir:
-            Path(host_dir, "program.py").write_text(program, encoding="utf-8")
-            os.chmod(host_dir, 0o711)  # the sandbox uid enters its scratch directory in rlimits mode
-            argv, env, cwd = self._command(host_dir, uid)
-            try:
-                outcome = self._runner.run(
-                    argv, env=env, cwd=cwd, timeout=self.timeout_seconds, max_chars=self.max_output_chars
-                )
-            finally:
-                # Whatever the call left: processes that left the process group (rlimits), or the sandbox's pid
-                # namespace still being torn down (bubblewrap). The call is over only when none is left.
-                if uid:
-                    kill_uid(uid)
-        return self._result(outcome, time.perf_counter() - started)
+        uid = self._uids.draw()
+        try:
+            with tempfile.TemporaryDirectory(prefix="stare_sandbox_", ignore_cleanup_errors=True) as host_dir:
+                Path(host_dir, "program.py").write_text(program, encoding="utf-8")
+                os.chmod(host_dir, 0o711)  # the sandbox uid enters it (rlimits_unsafe without namespaces)
+                outcome, stopped, memory_exhausted = self._run_program(host_dir, uid)
+        finally:
+            self._uids.release(uid)
+        return self._result(outcome, time.perf_counter() - started, stopped, memory_exhausted)
 
-    def _command(self, host_dir: str, uid: int) -> tuple[list[str], dict[str, str], str]:
-        """(argv, environment, working directory) of one call."""
-        limits = [str(self.cpu_seconds), str(self.memory_mb), str(self.file_size_mb), str(self.max_processes)]
-        python = [sys.executable, "-I", "-B", "-c", LAUNCHER]
+    def _run_program(self, host_dir: str, uid: int) -> tuple[ProcessOutcome, bool, bool]:
+        """(outcome, whether every process of the call is gone, whether the call ran out of memory)."""
+        cgroup = None
+        if self._cgroups is not None:
+            cgroup = self._cgroups.create(memory_bytes=self.memory_mb << 20, cpus=CPUS_PER_CALL,
+                                          max_tasks=self.max_processes + _SANDBOX_TASKS)  # fmt: skip
+        seccomp_fd = None
+        if self._seccomp is not None and self.isolation == "bubblewrap":
+            seccomp_fd = os.memfd_create("stare_seccomp")  # bwrap reads the filter from this descriptor
+            os.write(seccomp_fd, self._seccomp)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        elif self._seccomp is not None:
+            Path(host_dir, "seccomp.bpf").write_bytes(self._seccomp)
+        try:
+            argv, env = self._command(host_dir, uid, seccomp_fd)
+            outcome = self._runner.run(
+                join_argv(cgroup.procs_files, argv) if cgroup else argv, env=env, cwd="/",
+                timeout=self.timeout_seconds, max_chars=self.max_output_chars,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            )  # fmt: skip
+        finally:
+            # Whatever the call left: processes that left its session, or a namespace still being torn down.
+            stopped = self._stop_leftovers(cgroup, uid)
+            memory_exhausted = cgroup is not None and cgroup.memory_exhausted()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+            if cgroup is not None:
+                cgroup.remove()
+        return outcome, stopped, memory_exhausted
+
+    @staticmethod
+    def _stop_leftovers(cgroup: CallCgroup | None, uid: int) -> bool:
+        """Kill every process of the call: by its cgroup where it has one with a kill, else by its uid."""
+        if cgroup is not None and "kill" in cgroup.roles:
+            return cgroup.kill()
+        stopped = cgroup.kill() if cgroup is not None else True
+        return kill_uid(uid) and stopped if uid else stopped
+
+    def _command(self, host_dir: str, uid: int, seccomp_fd: int | None) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment) of one call."""
+        settings = {"uid": uid, "cpu_seconds": self.cpu_seconds, "memory_mb": self.memory_mb,
+                    "file_size_mb": self.file_size_mb, "max_processes": self.max_processes,
+                    "max_open_files": MAX_OPEN_FILES, "workdir": WORK_DIR}  # fmt: skip
+        scratch_mb = max(16, 4 * self.file_size_mb)
         if self.isolation == "bubblewrap":
-            launcher = [*python, f"{CALL_DIR}/program.py", WORK_DIR, *limits, str(uid), "0"]
-            scratch_mb = max(16, 4 * self.file_size_mb)
-            return bubblewrap_argv(self._bwrap, host_dir, scratch_mb, launcher), sandbox_env(WORK_DIR), host_dir
-        work = os.path.join(host_dir, "work")
-        launcher = [*python, os.path.join(host_dir, "program.py"), work, *limits, str(uid), "1"]
-        return launcher, sandbox_env(work), host_dir
+            settings.update(mode="bubblewrap", program=f"{CALL_DIR}/program.py")
+            launcher = [sys.executable, "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
+            return bubblewrap_argv(self._bwrap, host_dir, scratch_mb, launcher, seccomp_fd), sandbox_env(WORK_DIR)
+        seccomp = os.path.join(host_dir, "seccomp.bpf")
+        settings.update(
+            mode="rlimits_unsafe", program=os.path.join(host_dir, "program.py"),
+            host_workdir=os.path.join(host_dir, "work"), seccomp=seccomp if os.path.exists(seccomp) else "",
+            scratch_mb=scratch_mb, hidden=unsafe_hidden_dirs(), runtime=runtime_dirs(), secrets=list(SECRETS),
+        )  # fmt: skip
+        launcher = [sys.executable, "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
+        return launcher, sandbox_env(WORK_DIR)
 
-    def _result(self, outcome: ProcessOutcome, seconds: float) -> ToolResult:
+    def _result(self, outcome: ProcessOutcome, seconds: float, stopped: bool, memory_exhausted: bool) -> ToolResult:
         """What the model reads: the output, and a last line saying why the call failed when it did."""
         code, note, timed_out = outcome.returncode, None, outcome.timed_out
         if outcome.timed_out:
             note = f"TimeoutError: the call exceeded {self.timeout_seconds:g} s of wall time and was stopped"
-        elif code is not None and (code < 0 or (self.isolation == "bubblewrap" and code > 128)):
-            number = -code if code < 0 else code - 128  # bwrap exits with 128 + the signal that killed the call
+        elif memory_exhausted:
+            note = f"MemoryError: the call exceeded its memory limit of {self.memory_mb} MB and was stopped"
+        elif code is not None and (code < 0 or code > 128):
+            number = -code if code < 0 else code - 128  # the sandbox exits with 128 + the signal that killed the call
             timed_out = number == signal.SIGXCPU
             note = _signal_note(number, self.cpu_seconds)
         elif code and not outcome.output.strip():
             note = f"the process exited with status {code}"
+        if not stopped:
+            note = "the call left a process running that could not be stopped" + (f"; {note}" if note else "")
         text = compose_text(outcome.output, note, self.max_output_chars, outcome.truncated)
-        return ToolResult(text=text, ok=code == 0, seconds=seconds, timed_out=timed_out)
+        ok = code == 0 and stopped and not memory_exhausted
+        return ToolResult(text=text, ok=ok, seconds=seconds, timed_out=timed_out)
 
     def close(self) -> None:
         self._runner.kill_all()

@@ -18,7 +18,7 @@ TOOLS = ("python", "calculator")
 def build_tool(name: str, **options: Any) -> Tool:
     """The tool ``name`` with ``options`` (its constructor's keyword arguments).
 
-    ``python`` runs in the local sandbox (``isolation`` bubblewrap or rlimits) or, with
+    ``python`` runs in the local sandbox (``isolation`` bubblewrap or rlimits_unsafe) or, with
     ``isolation="sandbox_fusion"`` and ``sandbox_fusion_url``, on a SandboxFusion service. Building the local
     sandbox runs a trivial call, so a missing or broken bubblewrap fails here with how to fix it."""
     if name == "none":

@@ -3,8 +3,10 @@
 The host reads stdout and stderr (one pipe, in order) and keeps at most ``max_chars`` characters of it; what comes
 after is read and dropped, up to ``DRAIN_BYTES``, so a program that prints a little too much still finishes, and
 one that prints more is killed (``RLIMIT_FSIZE`` does not bound a pipe, and the host must never hold 100 MB of
-output). At the wall-time limit the process group is killed; in the bubblewrap sandbox that kills the outer
-``bwrap``, whose ``--die-with-parent`` takes down the sandbox's pid namespace with everything in it.
+output). At the wall-time limit the process group is killed: in the bubblewrap sandbox that kills the outer
+``bwrap``, whose ``--die-with-parent`` takes down the sandbox's pid namespace with everything in it; with
+``rlimits_unsafe`` it kills the launcher, whose init dies with it. The call's cgroup (``cgroups.py``) or uid
+sweep (``kill_uid``) then stops whatever is left.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DRAIN_BYTES", "ProcessOutcome", "ProcessRunner", "kill_uid"]
+__all__ = ["DRAIN_BYTES", "ProcessOutcome", "ProcessRunner", "kill_uid", "processes_of_uid"]
 
 DRAIN_BYTES = 1 << 20  # output read (and dropped past the kept part) before a process is stopped
 _POLL_SECONDS = 0.1
@@ -49,12 +51,19 @@ class ProcessRunner:
         self._lock = threading.Lock()
 
     def run(
-        self, argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: float, max_chars: int
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        timeout: float,
+        max_chars: int,
+        pass_fds: Sequence[int] = (),
     ) -> ProcessOutcome:
         # A new session: the host can kill the process group; the environment is the sandbox's only.
         proc = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, cwd=cwd, start_new_session=True, close_fds=True,
+            env=env, cwd=cwd, start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
         )  # fmt: skip
         with self._lock:
             self._live.add(proc)
@@ -121,19 +130,21 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def kill_uid(uid: int, deadline_seconds: float = 2.0) -> None:
-    """Stop, then kill, every process of real uid ``uid`` (a sandbox's own uid) and wait until none is left.
+def kill_uid(uid: int, deadline_seconds: float = 2.0) -> bool:
+    """Stop, then kill, every process of real uid ``uid`` (a sandbox's own uid); True when none is left.
 
     Killing one scan's processes does not end a fork bomb: the survivors fork into the freed slots. So the
     processes are first frozen (SIGSTOP) until a scan finds none still running, then all killed at once; the
-    scan repeats until the uid has no live process left. Zombies are dead already (no memory, no CPU): orphans
-    are reaped by init, as slowly as it likes, so they are not waited for."""
+    scan repeats until the uid has no live process left. A process in uninterruptible sleep (``D``, e.g. a
+    ``vfork`` parent waiting for its child) cannot be stopped, but it cannot fork either: it counts as frozen,
+    and SIGKILL reaches it. Zombies are dead already (no memory, no CPU): orphans are reaped by init, as slowly
+    as it likes, so they are not waited for."""
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
-        states = {pid: state for pid, state in _processes_of_uid(uid).items() if state not in "ZX"}
+        states = {pid: state for pid, state in processes_of_uid(uid).items() if state not in "ZX"}
         if not states:
-            return
-        running = [pid for pid, state in states.items() if state not in "TtZX"]
+            return True
+        running = [pid for pid, state in states.items() if state not in "TtD"]
         signum = signal.SIGSTOP if running else signal.SIGKILL
         for pid in running or list(states):
             try:
@@ -141,9 +152,10 @@ def kill_uid(uid: int, deadline_seconds: float = 2.0) -> None:
             except OSError:
                 pass  # gone meanwhile
         time.sleep(0.002 if running else 0.01)
+    return not any(state not in "ZX" for state in processes_of_uid(uid).values())
 
 
-def _processes_of_uid(uid: int) -> dict[int, str]:
+def processes_of_uid(uid: int) -> dict[int, str]:
     """pid -> state letter (R, S, T, Z, ...) of every process whose real uid is ``uid``."""
     found = {}
     for entry in os.scandir("/proc"):

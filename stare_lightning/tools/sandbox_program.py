@@ -1,4 +1,4 @@
-"""The Python programs a sandbox runs: the replay program (one call with its episode's history) and the launcher.
+"""The Python program a sandbox runs: the replay program (one call with its episode's history).
 
 ``replay_program(code, history)`` is one self-contained script, the same for the local sandbox and a
 SandboxFusion service: it seeds ``random`` with 0, re-runs the episode's earlier calls in one namespace with their
@@ -7,16 +7,14 @@ The new call's traceback is printed without the runner's own frames and with lib
 model reads ``File "<code>", line 3`` rather than paths of this machine. Seeding ``random`` makes a replay draw the
 numbers the original call drew (each call starts from the same seed and replays the same calls before it).
 
-``LAUNCHER`` runs inside the local sandbox before any of the policy's code: it sets the resource limits, gives up
-root (to a fresh uid, so that ``RLIMIT_NPROC`` holds: the kernel does not apply it to root), enters the scratch
-directory and executes the replay program in the same interpreter (one Python start-up per call).
+The local sandbox runs the replay program through its launcher (``sandbox_launcher.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["LAUNCHER", "RUNNER", "replay_program"]
+__all__ = ["RUNNER", "replay_program"]
 
 # Runs in the sandbox's Python (any version >= 3.8); its names stay out of the policy's namespace.
 RUNNER = r'''
@@ -91,62 +89,3 @@ def _run(history, code):
 def replay_program(code: str, history: Sequence[str] = ()) -> str:
     """The script that replays ``history`` silently, then runs ``code`` (the literals are ``repr``s)."""
     return f"{RUNNER}\n_run({list(history)!r}, {code!r})\n"
-
-
-# argv: program path, scratch dir, cpu s, memory MB, file MB, processes, uid (0: keep), keep_read (0/1).
-LAUNCHER = r"""
-import os, resource, sys
-
-
-def _keep_reading():
-    # Keep CAP_DAC_READ_SEARCH only (rlimits mode): the interpreter may live under a root-only directory.
-    import ctypes
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-    data = (Data * 2)()
-    data[0].effective = data[0].permitted = 1 << 2
-    return ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(Header(0x20080522, 0)), data) == 0
-
-
-def _drop_root(uid, workdir, keep_read):
-    os.chown(workdir, uid, uid)
-    if keep_read:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS across setuid
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if keep_read:
-        _keep_reading()
-    if os.getuid() != uid or os.geteuid() != uid or os.getegid() != uid:
-        sys.exit("sandbox: could not give up root")
-
-
-def _main(path, workdir, cpu, memory_mb, file_mb, processes, uid, keep_read):
-    with open(path, encoding="utf-8") as handle:
-        program = handle.read()
-    mb = 1024 * 1024
-    for kind, soft, hard in (
-        (resource.RLIMIT_CORE, 0, 0),
-        (resource.RLIMIT_CPU, int(cpu), int(cpu) + 1),
-        (resource.RLIMIT_AS, int(memory_mb) * mb, int(memory_mb) * mb),
-        (resource.RLIMIT_FSIZE, int(file_mb) * mb, int(file_mb) * mb),
-        (resource.RLIMIT_NPROC, int(processes), int(processes)),
-    ):
-        resource.setrlimit(kind, (soft, hard))
-    os.makedirs(workdir, exist_ok=True)
-    if int(uid):
-        _drop_root(int(uid), workdir, keep_read == "1")
-    os.chdir(workdir)
-    sys.argv = ["<code>"]
-    return program
-
-
-exec(compile(_main(*sys.argv[1:]), "<runner>", "exec"), {"__name__": "__main__"})
-"""
