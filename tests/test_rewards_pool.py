@@ -45,6 +45,7 @@ def user_module(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("user_verifiers")
     (folder / "pool_test_verifiers.py").write_text(USER_MODULE)
+    folder.chmod(0o755)  # the worker runs as a uid of its own
     sys.path.insert(0, str(folder))
     yield "pool_test_verifiers"
     sys.path.remove(str(folder))

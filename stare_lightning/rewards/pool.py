@@ -9,6 +9,12 @@ exceptions) and a fresh one picks up the rest of the batch. An exception, a scor
 in [0, 1], or a crashed worker scores 0 and counts as an error. Nothing the verifiers do can stop the
 training loop, and no verifier ever runs in the trainer process.
 
+Verifiers read model output, and the parsers they use may evaluate it, so the worker is untrusted: it starts
+with an empty environment, then confines itself before importing any verifier (``confinement.py``: no network,
+nothing writable, a uid of its own, memory and process limits), and every call runs under ``scoring_guard``
+(text is evaluated only when it names nothing but sympy constructors and harmless builtins; no process, socket or
+file write). A call that trips the guard scores 0 and counts as an error.
+
 Progress and scores travel through shared memory (one counter, two arrays); the pipe carries one
 message each way per batch (plus one per error), so the cost over calling the verifiers in-process is
 one round trip plus pickling the batch (measured here: about 0.3 ms for 128 countdown checks, on top
@@ -25,6 +31,7 @@ when the pool is garbage-collected, and at interpreter exit.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -37,6 +44,11 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from stare_lightning.rewards import scoring_guard
+from stare_lightning.rewards.confinement import Confinement, confine, worker_environment
+
+log = logging.getLogger(__name__)
 
 Item = tuple  # (verifier_name: str, response: str, answer: str, metadata: dict)
 
@@ -75,16 +87,13 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
     it has to kill the worker. ``progress`` is -1 while the batch's verifiers are being imported.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if memory_limit_mb:
-        import resource
-
-        limit = int(memory_limit_mb) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    confinement = confine(memory_limit_mb)
     from stare_lightning.rewards.registry import get_verifier
 
+    scoring_guard.install()
     functions: dict[str, Any] = {}
     broken: dict[str, str] = {}
-    conn.send(("hello", os.getpid()))
+    conn.send(("hello", os.getpid(), confinement.as_dict()))
     while True:
         try:
             batch = conn.recv()
@@ -114,12 +123,34 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
                 conn.send(("error", i, broken[name]))
             else:
                 try:
-                    scores[i], status[i] = _as_score(functions[name](response, answer, metadata)), _OK
+                    prepare = getattr(functions[name], "prepare", None)
+                    if callable(prepare):
+                        prepare(response, answer, metadata)
+                    with scoring_guard.guarded() as refusals:
+                        score = _as_score(functions[name](response, answer, metadata))
+                    if refusals:  # a scorer swallowed the ScoringViolation: the item still scores 0
+                        raise scoring_guard.ScoringViolation(f"refused while scoring: {refusals[0]}")
+                    scores[i], status[i] = score, _OK
                 except BaseException as exc:  # noqa: BLE001 - a verifier may raise anything, even SystemExit
                     scores[i], status[i] = 0.0, _ERROR
                     conn.send(("error", i, f"{type(exc).__name__}: {exc}"[:400]))
             progress.value = i + 1
         conn.send(("done", None))
+
+
+@contextlib.contextmanager
+def _environment_replaced(environment: dict[str, str]):
+    """Spawn the worker with ``environment`` only: the child is started with this process's environment, and a
+    secret that reached the worker's memory could be read back from ``/proc/self/environ`` whatever the worker
+    clears later. Swapped for the duration of ``Process.start`` (milliseconds), under the pool's lock."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager
@@ -172,7 +203,7 @@ class VerifierPool:
             process that runs torch threads).
         startup_timeout_s: seconds allowed to start the worker and to import the verifiers a batch
             needs (math-verify pulls in sympy); not charged to any item.
-        memory_limit_mb: optional address-space limit of the worker (``RLIMIT_AS``); a verifier that
+        memory_limit_mb: address-space limit of the worker (``RLIMIT_AS``; None for none); a verifier that
             exceeds it raises MemoryError, which counts as an error.
     """
 
@@ -184,7 +215,7 @@ class VerifierPool:
         *,
         start_method: str = "spawn",
         startup_timeout_s: float = 120.0,
-        memory_limit_mb: int | None = None,
+        memory_limit_mb: int | None = 4096,
     ) -> None:
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"VerifierPool timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -210,6 +241,8 @@ class VerifierPool:
         self._lock = threading.Lock()
         self._closed = False
         self._finalizer = weakref.finalize(self, _stop, self._worker)
+        self.confinement: Confinement | None = None  # what the worker runs under, once one has started
+        self._warned = False
 
     # -- worker lifecycle -------------------------------------------------------------------------
     def _ensure_worker(self) -> None:
@@ -223,15 +256,21 @@ class VerifierPool:
             daemon=True,
             name="stare-verifier",
         )
-        with _main_module_hidden():
+        with _main_module_hidden(), _environment_replaced(worker_environment()):
             proc.start()
         child_conn.close()
         self._worker.proc, self._worker.conn = proc, parent_conn
         self.starts += 1
         try:
-            ok = parent_conn.poll(self.startup_timeout_s) and parent_conn.recv()[0] == "hello"
+            hello = parent_conn.recv() if parent_conn.poll(self.startup_timeout_s) else None
         except (EOFError, OSError):
-            ok = False
+            hello = None
+        ok = hello is not None and hello[0] == "hello"
+        if ok:
+            self.confinement = Confinement(**{**hello[2], "unreadable_paths": tuple(hello[2]["unreadable_paths"])})
+            if not self._warned and self.confinement.weaknesses():
+                self._warned = True
+                log.warning("the verifier worker %s", "; ".join(self.confinement.weaknesses()))
         if not ok:
             proc.join(timeout=0.5)
             code = proc.exitcode

@@ -92,5 +92,13 @@ def check_reasoning_gym_record(answer: str, metadata: dict) -> None:
         raise ValueError(f"metadata {METADATA_KEY!r}: " + "; ".join(problems))
 
 
+def prepare_reasoning_gym(response: str, answer: str, metadata: dict) -> None:
+    """Build (and cache) the record's generator before the guarded call: building one creates classes from
+    generated source (namedtuples, dataclasses), which the scoring guard would refuse. Runs in the confined worker."""
+    info = metadata[METADATA_KEY]
+    generator(info["generator"], info["config"], info["seed"])
+
+
 verify_reasoning_gym.check_record = check_reasoning_gym_record
+verify_reasoning_gym.prepare = prepare_reasoning_gym
 verify_reasoning_gym.warmup = import_reasoning_gym

@@ -1,9 +1,10 @@
 """Verifier names -> functions: the built-ins and user functions written as ``package.module:function``.
 
 A verifier is a pure function ``verify(response: str, answer: str, metadata: dict) -> float`` returning a
-score in [0, 1]. It may carry two optional attributes: ``check_record(answer, metadata)``, which raises
+score in [0, 1]. It may carry three optional attributes: ``check_record(answer, metadata)``, which raises
 ValueError for a record it could never score (called when data are loaded, so bad data fail before
-training), and ``warmup()``, which the pool worker calls once after importing it.
+training), ``warmup()``, which the pool worker calls once after importing it, and ``prepare(response, answer,
+metadata)``, called before each call outside its scoring guard (to build what the call needs from trusted code).
 
 User verifiers are imported by name. Names whose top-level module belongs to the standard library
 (``os:system``, ``builtins:eval``, ``subprocess:...``) are refused: a verifier receives model output as
