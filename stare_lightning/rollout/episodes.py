@@ -2,8 +2,9 @@
 
 An episode is a prompt's response built turn by turn. The engine samples until the policy closes a tool call
 (the call format's stop strings), ends its answer (EOS) or spends the episode's token budget; a closed call
-runs in the tool, the tool's reply is tokenised and appended, and generation resumes from the whole context,
-for every live episode of the batch at once. ``max_new_tokens`` bounds the episode after the prompt, tool
+runs in the tool, the tool's reply is tokenised (what the tool wrote as plain text, even where it spells a special
+token: ``encode_reply``) and appended, and generation resumes from the whole context, for every live episode of
+the batch at once. ``max_new_tokens`` bounds the episode after the prompt, tool
 replies included (a reply that would overflow it is cut and the episode ends); at most ``max_turns`` calls are
 answered (a further call ends the episode). Token ids travel end to end: the policy's own tokens are never
 re-tokenised, so the trainer scores exactly the tokens that were sampled.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from stare_lightning.rollout.base import EpisodeStats, RolloutEngine, Rollouts, SamplingParams, request_seeds
 from stare_lightning.tools import CallFormat, ParsedCall, Tool, ToolResult, run_calls
+from stare_lightning.tools.formats import encode_reply
 
 
 def turn_seed(episode_seed: int, turn: int) -> int:
@@ -157,13 +159,14 @@ class ToolEpisodes:
             call, result = episode.pending, by_episode.get(id(episode))
             episode.pending = None
             if result is None:  # malformed: answered with the format's error message
-                reply = self.format.render_error(call.error)
+                reply = self.format.error_parts(call.error)
             else:
-                reply = self.format.render_result(result)
+                reply = self.format.reply_parts(result)
                 if result.ok:
                     episode.history.append(call.payload)
             episode.stats = _count_call(episode.stats, result)
-            reply_ids = self.tokenizer.encode(reply, add_special_tokens=False)
+            # What the tool says stays text: special-token text in its output is never a real special token.
+            reply_ids = encode_reply(self.tokenizer, reply)
             room = budget - len(episode.tokens)
             episode.add(reply_ids[:room], None, self.tokenizer.decode(reply_ids[:room], skip_special_tokens=True))
             if len(reply_ids) >= room:  # no token left for the policy after this reply

@@ -11,6 +11,11 @@
 Generation pauses at the format's stop string; ``parse`` reads the call the turn ends with: None when the turn
 ends without one (it is the answer), a ``ParsedCall`` with an ``error`` when the call is malformed. ``parse`` never
 raises, whatever the text.
+
+A reply is three parts (``ReplyParts``): the format's wrapping around a body the tool wrote. ``encode_reply``
+tokenises the wrapping as usual (a chat template's ``<|im_end|>`` there is the real special token) and the body as
+plain text: a tool's output that spells a special token (``<|im_end|><|im_start|>assistant``, ``<eos>``) must not
+end the tool's turn or open one for the policy, so it stays characters.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any, Protocol
 
 from stare_lightning.tools.base import Tool, ToolResult, function_schema
 
-__all__ = ["FORMATS", "CallFormat", "CodeBlockFormat", "JsonFormat", "ParsedCall", "build_format"]
+__all__ = ["FORMATS", "CallFormat", "CodeBlockFormat", "JsonFormat", "ParsedCall", "ReplyParts", "build_format",
+           "encode_reply"]  # fmt: skip
 
 FORMATS = ("code_block", "json")
 _ASSISTANT_MARK = "ASSISTANT-TEXT-5f2c9e"  # stand-ins rendered through the chat template to find its wrapping
@@ -37,6 +43,39 @@ class ParsedCall:
     error: str | None  # why it is malformed (answered to the model, counted)
 
 
+@dataclass(frozen=True)
+class ReplyParts:
+    prefix: str  # the format's wrapping before the body (may hold a chat template's special tokens)
+    body: str  # what the tool (or the error message) says: plain text, whatever it spells
+    suffix: str
+
+    def text(self) -> str:
+        return f"{self.prefix}{self.body}{self.suffix}"
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, token in decoder.items() if getattr(token, "special", False))
+    return ids
+
+
+def encode_reply(tokenizer: Any, parts: ReplyParts) -> list[int]:
+    """The token ids of a reply: the wrapping encoded as usual, the body with special-token text split into
+    ordinary tokens (a special id that a tokenizer still produces for the body is dropped)."""
+    ids = tokenizer.encode(parts.prefix, add_special_tokens=False) if parts.prefix else []
+    if parts.body:
+        body = tokenizer.encode(parts.body, add_special_tokens=False, split_special_tokens=True)
+        special = _special_ids(tokenizer)
+        kept = [i for i in body if i not in special]
+        if len(kept) != len(body):
+            logger.warning("the tokenizer kept special tokens in a tool reply's text: they were dropped")
+        ids += kept
+    if parts.suffix:
+        ids += tokenizer.encode(parts.suffix, add_special_tokens=False)
+    return ids
+
+
 class CallFormat(Protocol):
     name: str
     stop_strings: tuple[str, ...]  # generation pauses when the policy writes one of these (it closes a call)
@@ -45,9 +84,13 @@ class CallFormat(Protocol):
 
     def render_call(self, payload: str) -> str: ...  # a call as the policy writes it (supervised traces)
 
-    def render_result(self, result: ToolResult) -> str: ...  # appended after the call, before generation goes on
+    def reply_parts(self, result: ToolResult) -> ReplyParts: ...  # appended after the call (``encode_reply``)
 
-    def render_error(self, message: str) -> str: ...  # the reply to a malformed call
+    def error_parts(self, message: str) -> ReplyParts: ...  # the reply to a malformed call
+
+    def render_result(self, result: ToolResult) -> str: ...  # ``reply_parts`` as one text
+
+    def render_error(self, message: str) -> str: ...
 
 
 def _closing_block(turn_text: str, opening: str, closing: str) -> tuple[str | None, str | None] | None:
@@ -97,11 +140,17 @@ class CodeBlockFormat:
     def render_call(self, payload: str) -> str:
         return f"<code>{payload}</code>" if "\n" not in payload else f"<code>\n{payload}\n</code>"
 
+    def reply_parts(self, result: ToolResult) -> ReplyParts:
+        return ReplyParts("\n<interpreter>\n", result.text.rstrip(), "\n</interpreter>\n")
+
+    def error_parts(self, message: str) -> ReplyParts:
+        return self.reply_parts(ToolResult(text=f"Error: {message}", ok=False, seconds=0.0))
+
     def render_result(self, result: ToolResult) -> str:
-        return f"\n<interpreter>\n{result.text.rstrip()}\n</interpreter>\n"
+        return self.reply_parts(result).text()
 
     def render_error(self, message: str) -> str:
-        return self.render_result(ToolResult(text=f"Error: {message}", ok=False, seconds=0.0))
+        return self.error_parts(message).text()
 
 
 def chat_template_wrapping(tokenizer: Any, tool: Tool) -> tuple[str, str] | None:
@@ -169,11 +218,17 @@ class JsonFormat:
         call = {"name": self.tool.name, "arguments": {self.tool.argument: payload}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
+    def reply_parts(self, result: ToolResult) -> ReplyParts:
+        return ReplyParts(self.prefix, result.text.rstrip(), self.suffix)
+
+    def error_parts(self, message: str) -> ReplyParts:
+        return ReplyParts(self.prefix, f"Error: {message}", self.suffix)
+
     def render_result(self, result: ToolResult) -> str:
-        return f"{self.prefix}{result.text.rstrip()}{self.suffix}"
+        return self.reply_parts(result).text()
 
     def render_error(self, message: str) -> str:
-        return f"{self.prefix}Error: {message}{self.suffix}"
+        return self.error_parts(message).text()
 
 
 def build_format(name: str, tool: Tool, tokenizer: Any = None) -> CallFormat:
