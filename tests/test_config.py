@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,39 @@ def test_allow_list_refuses_arbitrary_targets():
     with pytest.raises(DisallowedTargetError):
         safe_instantiate(nested)
     assert safe_instantiate(nested, extra_allowed=["collections."]) is not None
+
+
+@pytest.mark.parametrize(
+    "target, reason",
+    [
+        (
+            "stare_lightning.config.instantiate.importlib.import_module",
+            "'stare_lightning.config.instantiate.importlib' is 'importlib'",
+        ),
+        ("stare_lightning.rewards.pool.os.system", "is 'os'"),
+        ("lightning.pytorch.trainer.trainer.os.system", "is 'os'"),
+        ("stare_lightning.config.instantiate.__builtins__", "private names"),
+        ("lightning.pytorch.callbacks.EarlyStopping.__init__.__globals__", "private names"),
+        ("stare_lightning.no_such_module.Thing", "cannot be resolved"),
+    ],
+)
+def test_targets_are_checked_as_objects_not_strings(target, reason):
+    """Each of these starts with an allowed prefix; what it resolves to does not live there."""
+    with pytest.raises(DisallowedTargetError, match=re.escape(reason)):
+        safe_instantiate({"_target_": target})
+
+
+def test_every_shipped_target_resolves_inside_the_allow_list():
+    from stare_lightning.config.instantiate import DEFAULT_ALLOWED_PREFIXES, _refusal
+
+    shipped = {
+        line.split("_target_:", 1)[1].split("#", 1)[0].strip()
+        for path in Path(config_dir()).rglob("*.yaml")
+        for line in path.read_text().splitlines()
+        if "_target_:" in line and not line.lstrip().startswith("#")
+    }
+    assert len(shipped) > 10
+    assert {target: _refusal(target, DEFAULT_ALLOWED_PREFIXES) for target in shipped} == dict.fromkeys(shipped)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ the base model's layout with every adapter merged (``models/lora.py``), loadable
 
 from __future__ import annotations
 
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,19 @@ from stare_lightning.models.lora import merge_adapters
 POLICY_PREFIX = "policy."
 
 
+def _load_file(path: Path) -> dict:
+    """``torch.load`` with ``weights_only=True``: a checkpoint is data, and one shared by someone else must not be
+    able to run code when it is unpickled (tensors, containers and plain values only)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise ValueError(
+            f"{path} holds objects other than tensors and plain values, which export refuses to unpickle "
+            f"(weights_only=True: a checkpoint must not be able to run code): {first_line}"
+        ) from None
+
+
 def _load_checkpoint(path: Path) -> dict:
     if path.is_dir():  # a distributed checkpoint: tensors in *.distcp shards, the rest in meta.pt
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -25,12 +39,12 @@ def _load_checkpoint(path: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             single = Path(tmp) / "checkpoint.pt"
             dcp_to_torch_save(str(path), str(single))
-            checkpoint = torch.load(single, map_location="cpu", weights_only=False)
+            checkpoint = _load_file(single)
         meta = path / "meta.pt"
         if meta.is_file():
-            checkpoint.update(torch.load(meta, map_location="cpu", weights_only=False))
+            checkpoint.update(_load_file(meta))
         return checkpoint
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return _load_file(path)
 
 
 def _merged_lora(weights: dict, checkpoint: dict, ckpt_path: Path) -> dict:
