@@ -25,8 +25,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"unknown subcommand {argv[0]!r}; choose one of {list(cli.SUBCOMMANDS)}", file=sys.stderr)
             raise SystemExit(2)
         raise SystemExit(0 if argv else 2)
-    if argv[0] in cli.PLAIN_SUBCOMMANDS:
-        raise SystemExit(cli.run_plain(argv[0], argv[1:]))
+    from stare_lightning import user_errors
+
+    subcommand, overrides = argv[0], argv[1:]
+    if subcommand in cli.PLAIN_SUBCOMMANDS:
+        raise SystemExit(user_errors.reported(lambda: cli.run_plain(subcommand, overrides)))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-step INFO lines from weight syncs
@@ -34,9 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
 
     cli.register_schema()  # conf/config.yaml's first default is the typed schema
-    subcommand = argv[0]
+    if not any(arg.startswith("-") for arg in overrides):  # not a sweep or a Hydra flag: compose once to check
+        own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+        user_errors.reported(lambda: cli.compose(own), verbose="verbose=true" in overrides)
     entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
-        lambda cfg: cli.run(subcommand, cfg)
+        lambda cfg: user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
     )
     sys.argv = [sys.argv[0], *argv[1:]]
     entry()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,17 +36,46 @@ def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None, to
     cold = cfg.model.cold_start
     if cold is None or cold.steps == 0:
         return base
-    settings = {"base": cfg.model.name_or_path, "cold_start": asdict(cold), "data": asdict(cfg.data)}
-    for key in ("prompts_per_step", "val_batch_size", "val_sets"):  # settings the warm-up does not read
-        settings["data"].pop(key)
-    if cold.tool_traces:
-        settings["tools"] = {"name": cfg.tools.name, "format": cfg.tools.format}
-    target = cache_dir / f"{cfg.model.name_or_path}-sft-{cold_start_key(settings)}"
-    if (target / "config.json").is_file():
-        return target
     if datamodule is None:
         datamodule = PromptDataModule(cfg.data, tokenizer=None)
         datamodule.load_records()
+    target = cold_start_dir(cfg, datamodule, cache_dir)
+    with exclusive_lock(cache_dir / f".{target.name}.lock"):  # one warm-up per key, however many processes ask
+        if (target / "config.json").is_file():
+            return target
+        return _warm_up(cfg, base, target, datamodule, tool)
+
+
+def cold_start_dir(cfg: RunConfig, datamodule: PromptDataModule, cache_dir: Path) -> Path:
+    """Where the warm-up of these settings is cached. The key holds what the warm-up reads and nothing else, so
+    validation settings (``data.val_size``, ``data.val_files``) do not repeat it."""
+    cold = cfg.model.cold_start
+    settings = {"base": cfg.model.name_or_path, "cold_start": asdict(cold), "train": records_digest(datamodule)}
+    if cold.tool_traces:
+        settings["tools"] = {"name": cfg.tools.name, "format": cfg.tools.format}
+    return cache_dir / f"{cfg.model.name_or_path}-sft-{cold_start_key(settings)}"
+
+
+def records_digest(datamodule: PromptDataModule) -> str:
+    """A digest of the training records, in order: what a warm-up learns from."""
+    rows = [dataclasses.astuple(record) for record in datamodule.train_records]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the duration."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _warm_up(cfg: RunConfig, base: Path, target: Path, datamodule: PromptDataModule, tool: Tool | None) -> Path:
+    cold = cfg.model.cold_start
     if cold.tool_traces:
         tool = tool or build_tool_from_config(cfg.tools)  # `sft` alone: the tool only names the calls
         call_format = build_format(cfg.tools.format, tool, AutoTokenizer.from_pretrained(base))

@@ -238,6 +238,7 @@ def verify(response, answer, metadata):
 def test_a_slow_scorer_times_out_cleanly_in_the_pool(tmp_path, monkeypatch):
     (tmp_path / "slow_rg_scorer.py").write_text(textwrap.dedent(SLOW_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))  # the spawned worker inherits sys.path
+    tmp_path.chmod(0o755)  # the verifier worker runs as a uid of its own
     good = gym("chain_sum", "val", 0, val_size=1, **SMALL)[0]
     slow = {"reasoning_gym": {"generator": "slow_test", "config": {}, "seed": 0, "answer": "a", "metadata": {}}}
     items = [

@@ -206,6 +206,7 @@ def test_missing_verifier_without_default(tmp_path):
 def test_user_verifiers_need_the_config(tmp_path, monkeypatch):
     (tmp_path / "rec_user_mod.py").write_text("def score(response, answer, metadata):\n    return 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    tmp_path.chmod(0o755)  # the verifier worker runs as a uid of its own
     path = write_jsonl(tmp_path / "u.jsonl", [{"prompt": "p", "answer": "1", "verifier": "rec_user_mod:score"}])
     with pytest.raises(DataError, match="user function that the config does not name"):
         load_records(path)

@@ -84,3 +84,22 @@ def test_smollm2_converted_from_the_wheel(tmp_path):
     out = model.generate(**batch, max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in answer  # a real pretrained instruct model, not random weights
+
+
+def test_the_cold_start_key_holds_what_the_warm_up_reads_only(tmp_path):
+    from stare_lightning.cli import compose, prepare_config
+    from stare_lightning.data.datamodule import PromptDataModule
+    from stare_lightning.train import cold_start_dir
+
+    def target(*overrides):
+        run = prepare_config(compose([f"output_dir={tmp_path}", *overrides]))[1]
+        datamodule = PromptDataModule(run.data, tokenizer=None)
+        datamodule.load_records()
+        return cold_start_dir(run, datamodule, tmp_path)
+
+    default = target()
+    assert target("data.prompts_per_step=3", "data.val_batch_size=5") == default  # batch shapes: not read
+    # The built-in tasks keep held-out problems out of training: a different val_size trains on other prompts.
+    assert target("data.val_size=7") != default
+    assert target("data.train_size=50") != default
+    assert target("model.cold_start.steps=11") != default

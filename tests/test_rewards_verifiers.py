@@ -190,6 +190,7 @@ def test_unknown_verifier_lists_the_known_ones():
 def test_user_verifier_by_name(tmp_path, monkeypatch):
     (tmp_path / "my_rewards_mod.py").write_text("def half(response, answer, metadata):\n    return 0.5\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    tmp_path.chmod(0o755)  # the verifier worker runs as a uid of its own
     assert get_verifier("my_rewards_mod:half")("x", "y", {}) == 0.5
     with pytest.raises(ValueError, match="no attribute"):
         get_verifier("my_rewards_mod:missing")
