@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
 
-.PHONY: install run lint test compare clean
+.PHONY: install run lint test test-fast compare clean
 
 install: $(VENV)/.installed
 
@@ -50,8 +50,16 @@ lint: install
 	$(VENV)/bin/ruff check stare_lightning tests benchmarks scripts
 	$(VENV)/bin/ruff format --check stare_lightning tests benchmarks scripts
 
+# Two worker processes of one thread each (tests/conftest.py): on two cores they run side by side at full speed.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -x -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+
 test: lint
-	$(WITH_ALLOCATOR) $(PY) -m pytest -q -x -p no:cacheprovider $(PYTEST_ARGS)
+	$(WITH_ALLOCATOR) $(PYTEST) $(PYTEST_ARGS)
+
+# The inner loop: everything but the end-to-end runs (Trainer fits, multi-process, the vLLM engine).
+test-fast: lint
+	$(WITH_ALLOCATOR) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task over SEEDS, then
 # mean +- sd per algorithm, paired differences with 95% intervals, and one PNG (about 40 minutes on 2 cores).

@@ -8,6 +8,7 @@ argument: the entry restores it (with this job's overrides and output directory)
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -40,9 +41,14 @@ def main(argv: list[str] | None = None) -> None:
     if not any(arg.startswith("-") for arg in overrides):  # not a sweep or a Hydra flag: compose once to check
         own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
         user_errors.reported(lambda: cli.compose(own), verbose="verbose=true" in overrides)
-    entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(
-        lambda cfg: user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
-    )
+
+    def job(cfg) -> None:
+        user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
+        # Nothing is returned: Hydra keeps each job's return value until the sweep ends, and a trainer holds the
+        # models, optimizer state and engine of its run (gigabytes per job in a sweep).
+        gc.collect()
+
+    entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(job)
     sys.argv = [sys.argv[0], *argv[1:]]
     entry()
 

@@ -109,6 +109,21 @@ def _relaunch_argv(subcommand: str, output_dir: str) -> None:
     sys.argv = [sys.argv[0], subcommand, *overrides, f"output_dir={output_dir}"]
 
 
+def _refuse_a_finished_sweep_job(subcommand: str, run_cfg: RunConfig) -> None:
+    """A sweep job whose directory already holds a run's metrics would append to them: refuse, unless it resumes."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if subcommand != "fit" or not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    metrics = Path(run_cfg.output_dir) / "logs" / "metrics.csv"
+    if metrics.exists() and run_cfg.ckpt_path is None:
+        raise ValueError(
+            f"sweep job {HydraConfig.get().job.num} would write into {run_cfg.output_dir}, which already holds a "
+            f"run ({metrics}); choose a new hydra.sweep.dir, or resume the sweep's jobs with ckpt_path=last"
+        )
+
+
 def _target(subcommand: str) -> Any:
     module, _, function = SUBCOMMANDS[subcommand][0].partition(":")
     return getattr(importlib.import_module(module), function)
@@ -127,6 +142,7 @@ def run(subcommand: str, cfg: DictConfig) -> Any:
     if subcommand in PLAIN_SUBCOMMANDS:
         raise ValueError(f"{subcommand!r} takes plain arguments, not a config: use run_plain")
     cfg, run_cfg = prepare_config(cfg)
+    _refuse_a_finished_sweep_job(subcommand, run_cfg)
     _relaunch_argv(subcommand, run_cfg.output_dir)
     from stare_lightning import console
 

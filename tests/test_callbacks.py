@@ -191,7 +191,13 @@ TRAIN = {
     "train/entropy": [i / 8 for i in range(STEPS)],
     "train/reward/mean": [1 - i / 16 for i in range(STEPS)],
     QUADRANT: [(i % 3) / 4 for i in range(STEPS)],
+    # The step time and its phases, one of which (tool) never ran: one folded row, without it.
+    "train/time/step_s": [1.0] * STEPS,
+    "train/time/rollout": [0.75] * STEPS,
+    "train/time/update": [0.25] * STEPS,
+    "train/time/tool": [0.0] * STEPS,
 }
+TIME_ROW = ("train/time/step_s = rollout + update (first/last 10 steps)", "1.00 = 0.75 + 0.25", "1.00 = 0.75 + 0.25")
 VAL = [{"val/avg@n": 0.25, "val/pass@1": 0.5}, {"val/avg@n": 0.625, "val/pass@1": 0.75}]
 
 
@@ -213,10 +219,13 @@ def run_summary(tmp_path, logger=False):
 def expected_rows():
     rows = {key: (f"{VAL[0][key]:.4f}", f"{VAL[-1][key]:.4f}") for key in ("val/avg@n", "val/pass@1")}
     for key, values in TRAIN.items():
+        if key.startswith("train/time/"):
+            continue
         rows[key + ("" if key == QUADRANT else " (first/last 10 steps)")] = (
             f"{sum(values[:10]) / 10:.4f}",
             f"{sum(values[-10:]) / 10:.4f}",
         )
+    rows[TIME_ROW[0]] = TIME_ROW[1:]
     return rows
 
 
@@ -225,7 +234,7 @@ def test_run_summary_rows(tmp_path):
     assert len(summary.validations) == 2 and len(summary.train_history) == STEPS
     rows = summary.rows()
     assert {metric: (start, end) for metric, start, end in rows} == expected_rows()
-    assert len(rows) == 5, "never-logged keys (val/entropy, train/stare/*, quadrants) must be absent"
+    assert len(rows) == 6, "never-logged keys (val/entropy, train/stare/*, quadrants) must be absent"
     assert ("train/entropy (first/last 10 steps)", "0.5625", "0.8125") in rows  # (0..9)/8 and (2..11)/8
 
 

@@ -214,8 +214,10 @@ def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_c
     the same losses, entropies and STARE selections step by step (the gate open from the start)."""
     common = [*FAST, "trainer.max_steps=3", "validation.before_fit=false", "telemetry.same_batch_entropy=false",
               "algorithm.stare.target_entropy=10.0", "optim.micro_batch_tokens=512"]  # fmt: skip
-    layouts = {"padded": [], "packed": ["optim.packed_sequences=true", "optim.share_prompts=true",
-                                        "optim.fused_lm_head=true"]}  # fmt: skip
+    layouts = {
+        "padded": ["optim.packed_sequences=false", "optim.share_prompts=false"],
+        "packed": ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused_lm_head=true"],
+    }
     for name, overrides in layouts.items():
         proc = run_cli(["fit", f"output_dir={tmp_path / name}", *common, *overrides], model_cache)
         out, _ = proc.communicate(timeout=900)

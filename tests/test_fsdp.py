@@ -21,7 +21,8 @@ import torch
 
 from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs this module: its tests share the one-process reference fit (a module fixture).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]
 
 # Gate forced on (target entropy above any entropy here) so the selection shapes the loss; dynamic sampling
 # on (stare_o1's default): it filters the global batch, so it too must not depend on the sharding.
@@ -35,6 +36,9 @@ SAME_STEPS = [
     "trainer.val_check_interval=100",
     "callbacks.model_checkpoint.every_n_train_steps=2",
     "trainer.max_steps=3",
+    # The padded layout (the default is packed): the packed FSDP2 fit below is compared against it.
+    "optim.packed_sequences=false",
+    "optim.share_prompts=false",
 ]
 ONE_PROCESS = [*SAME_STEPS, "trainer=cpu", "data.prompts_per_step=8"]
 # Everything but the launch: trainer=fsdp, devices and nodes come from the launcher's command line.

@@ -22,6 +22,10 @@ def _require_usable_vllm() -> None:
         pytest.skip(f"vLLM is installed but not usable here: {reason}")
 
 
+# One xdist worker runs this module: its tests share one engine (a module fixture, about 10 s to start).
+pytestmark = pytest.mark.xdist_group("vllm_engine")
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_dir):
     from transformers import AutoTokenizer

@@ -44,6 +44,18 @@ def test_the_fused_optimizer_is_the_fused_implementation():
     assert optimizer.defaults["fused"] is True
 
 
+def test_the_fused_implementation_is_the_default_where_there_is_one():
+    model = torch.nn.Linear(3, 3)
+    for optimizer, fused, built in [
+        ("torch.optim.AdamW", None, True),
+        ("torch.optim.AdamW", False, False),
+        ("torch.optim.Adamax", None, False),  # no fused implementation: the default does not insist
+    ]:
+        cfg = OptimConfig(optimizer=optimizer, fused=fused)
+        made, _ = build_optimizer(model.parameters(), cfg, total_steps=1)
+        assert bool(made.defaults.get("fused")) is built, (optimizer, fused)
+
+
 def test_a_fused_optimizer_without_a_fused_implementation_is_refused():
     with pytest.raises(ValueError, match=r"optim.fused=true needs an optimizer with a fused implementation"):
         OptimConfig(optimizer="torch.optim.RMSprop", fused=True)

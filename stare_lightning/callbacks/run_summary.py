@@ -20,8 +20,6 @@ TRAIN_KEYS = (
     "train/distinct_correct",
     "train/stare/gate_on",
     "train/stare/w",
-    "train/time/step_s",
-    *(f"train/time/{phase}" for phase in PHASES),
     "train/throughput/tokens_per_s",
     "train/memory/peak_gib",
     "train/memory/current_gib",
@@ -64,6 +62,9 @@ class RunSummary(Callback):
             start, end = _mean(head, key), _mean(tail, key)
             if start is not None or end is not None:
                 rows.append((key + " (first/last 10 steps)", _fmt(start), _fmt(end)))
+        time_row = _time_row(head, tail)
+        if time_row is not None:
+            rows.append(time_row)
         for quadrant in QUADRANTS:
             key = f"train/quadrant/exact/{quadrant}/tokens"
             start, end = _mean(head, key), _mean(tail, key)
@@ -109,10 +110,25 @@ class RunSummary(Callback):
         self.train_history = list(state_dict.get("train_history", []))
 
 
+def _time_row(head: list[dict[str, float]], tail: list[dict[str, float]]) -> tuple[str, str, str] | None:
+    """The step time and its phases folded into one row, ``0.75 = 0.38 + 0.02 + ...``; phases that never took
+    time (the tool's without a tool) are left out."""
+    if _mean(head, "train/time/step_s") is None and _mean(tail, "train/time/step_s") is None:
+        return None
+    ran = [p for p in PHASES if any((_mean(h, f"train/time/{p}") or 0.0) > 0 for h in (head, tail))]
+
+    def folded(history):
+        total = _fmt(_mean(history, "train/time/step_s"), 2)
+        parts = [_fmt(_mean(history, f"train/time/{phase}"), 2) for phase in ran]
+        return f"{total} = {' + '.join(parts)}" if parts else total
+
+    return f"train/time/step_s = {' + '.join(ran)} (first/last 10 steps)", folded(head), folded(tail)
+
+
 def _mean(history: list[dict[str, float]], key: str) -> float | None:
     values = [h[key] for h in history if key in h and math.isfinite(h[key])]
     return sum(values) / len(values) if values else None
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

@@ -25,13 +25,15 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     # The optimizer's fused implementation: one pass over every parameter instead of a loop of small kernels (on a
     # CPU, AdamW's step over 135M parameters takes 0.2 s instead of 0.9 s); the same update within fp32 rounding.
-    fused: bool = False
+    # None (the default): on where the optimizer has one (FUSED_OPTIMIZERS); true insists, false turns it off.
+    fused: bool | None = None
     micro_batch_tokens: int = 8192
     logprob_chunk_size: int = 1024
-    # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py).
-    packed_sequences: bool = False
+    # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py); the same
+    # losses and gradients as the padded layout (tests/test_step_forward.py), without the padding's compute.
+    packed_sequences: bool = True
     # With packed_sequences: the samples of one prompt share one copy of it in the forward and backward.
-    share_prompts: bool = False
+    share_prompts: bool = True
     # Log-probs and entropy from the last hidden states and the LM head a chunk at a time: no [tokens, vocab]
     # logits are held, in the forward or the backward (memory for long responses; a little more compute).
     fused_lm_head: bool = False
@@ -50,7 +52,8 @@ class OptimConfig:
         number(f"{p}warmup_steps", self.warmup_steps, low=0, integer=True)
         number(f"{p}min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         number(f"{p}grad_clip", self.grad_clip, low=0.0)
-        flag(f"{p}fused", self.fused)
+        if self.fused is not None:
+            flag(f"{p}fused", self.fused)
         if self.fused and self.optimizer not in FUSED_OPTIMIZERS:
             raise ValueError(
                 f"{p}fused=true needs an optimizer with a fused implementation, one of {list(FUSED_OPTIMIZERS)}; "
@@ -66,6 +69,10 @@ class OptimConfig:
                 f"{p}share_prompts=true does nothing without {p}packed_sequences=true: prompts are shared inside "
                 "a packed sequence; set both"
             )
+
+    def use_fused(self) -> bool:
+        """Whether the optimizer is built with its fused implementation."""
+        return self.optimizer in FUSED_OPTIMIZERS if self.fused is None else self.fused
 
     def forward_layout(self) -> ForwardLayout:
         return ForwardLayout(

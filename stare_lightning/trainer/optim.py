@@ -32,7 +32,7 @@ def build_optimizer(
             "weight_decay": cfg.weight_decay,
             "betas": tuple(cfg.betas),
             "eps": cfg.eps,
-            **({"fused": True} if cfg.fused else {}),
+            **({"fused": True} if cfg.use_fused() else {}),
         },
         [p for p in params if p.requires_grad],  # frozen weights (LoRA's base) take no optimizer state
         extra_allowed=extra_allowed,

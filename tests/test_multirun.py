@@ -1,0 +1,41 @@
+"""A Hydra sweep runs its jobs in one process: each job's models and engine are freed before the next starts, and
+a sweep directory that already holds those jobs is refused instead of appended to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
+
+pytestmark = pytest.mark.slow
+
+# Runs the command line's entry in this interpreter, then counts the training modules still alive.
+DRIVER = """
+import gc, sys
+from stare_lightning.__main__ import main
+main(sys.argv[1:])
+from stare_lightning.module import STAREModule
+gc.collect()
+print("live modules after the sweep:", sum(isinstance(o, STAREModule) for o in gc.get_objects()))
+"""
+
+
+def test_a_sweep_frees_each_job_and_refuses_to_append_to_a_finished_one(tmp_path, model_cache):
+    sweep = tmp_path / "sweep"
+    args = ["fit", "-m", f"hydra.sweep.dir={sweep}", "seed=1,2,3", *FAST, "trainer.max_steps=2", "summary=false"]
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache}
+    driver = [sys.executable, "-c", DRIVER, *args]
+    proc = subprocess.run(driver, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "live modules after the sweep: 0" in proc.stdout, proc.stdout[-2000:]
+    memory = [train_rows(read_metrics(sweep / str(job)))[1]["train/memory/current_gib"] for job in range(3)]
+    assert memory[2] <= 1.1 * memory[0], f"resident memory grew from job to job: {memory} GiB"
+
+    again = run_cli(args, model_cache)
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 2, out[-3000:]
+    assert "already holds a run" in out and "Traceback" not in out, out[-3000:]
