@@ -13,14 +13,24 @@ from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
 pytestmark = pytest.mark.slow
 
-# Runs the command line's entry in this interpreter, then counts the training modules still alive.
+# Runs the command line's entry in this interpreter, counting the training modules alive as each job starts.
 DRIVER = """
 import gc, sys
+from stare_lightning import cli
+from stare_lightning.module import STAREModule
+
+run = cli.run
+
+
+def counted(subcommand, cfg):
+    gc.collect()
+    print("live modules as a job starts:", sum(isinstance(o, STAREModule) for o in gc.get_objects()), flush=True)
+    return run(subcommand, cfg)
+
+
+cli.run = counted
 from stare_lightning.__main__ import main
 main(sys.argv[1:])
-from stare_lightning.module import STAREModule
-gc.collect()
-print("live modules after the sweep:", sum(isinstance(o, STAREModule) for o in gc.get_objects()))
 """
 
 
@@ -31,8 +41,10 @@ def test_a_sweep_frees_each_job_and_refuses_to_append_to_a_finished_one(tmp_path
     driver = [sys.executable, "-c", DRIVER, *args]
     proc = subprocess.run(driver, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "live modules after the sweep: 0" in proc.stdout, proc.stdout[-2000:]
-    memory = [train_rows(read_metrics(sweep / str(job)))[1]["train/memory/current_gib"] for job in range(3)]
+    counts = [line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("live modules")]
+    assert counts == ["0", "0", "0"], f"modules of earlier jobs still alive: {counts}"
+    jobs = [next(sweep.glob(f"{job}_*")) for job in range(3)]  # <job number>_<its overrides>
+    memory = [train_rows(read_metrics(job))[1]["train/memory/current_gib"] for job in jobs]
     assert memory[2] <= 1.1 * memory[0], f"resident memory grew from job to job: {memory} GiB"
 
     again = run_cli(args, model_cache)
