@@ -41,6 +41,7 @@ LR, N, MAX_NEW_TOKENS = 1e-6, 8, 64
 CONTENDERS = (
     "project_vllm",
     "project_vllm_compiled",
+    "project_vllm_bf16",
     "project_vllm_padded",
     "project_hf",
     "trl_fp32",
@@ -49,8 +50,10 @@ CONTENDERS = (
 )
 # The project's defaults pack each micro-batch into one sequence with one copy of each prompt for its samples and
 # use the fused AdamW. "padded" turns those off (the earlier defaults); "compiled" adds vLLM's torch.compile on
-# top of the defaults (its start, minutes on a CPU, is not a step).
+# top of the defaults (its start, minutes on a CPU, is not a step); "bf16" computes in bf16 (Lightning's
+# bf16-mixed: autocast over fp32 master weights, the engine in bf16), for CPUs with native bf16 (AVX512-BF16, AMX).
 CONTENDER_OVERRIDES = {
+    "project_vllm_bf16": ["trainer.precision=bf16-mixed"],
     "project_vllm_padded": ["optim.packed_sequences=false", "optim.share_prompts=false", "optim.fused=false"],
     "project_vllm_compiled": ["+rollout.engine_kwargs.enforce_eager=false"],
 }

@@ -21,7 +21,9 @@ from stare_lightning.step.batch import build_rollout_batch
 from stare_lightning.step.loss import micro_batch_loss, step_normalizer
 from stare_lightning.tools import ToolResult, build_format, build_tool
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs this module: its tests share the tool policy's cold start (a module fixture; another
+# worker asking for the same cold start would wait on its lock, idle).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
 
 # The cold start the offline tool experiment uses, on fewer records and steps (cached for the session).
 TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "model.cold_start.steps=300"]
