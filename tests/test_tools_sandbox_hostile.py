@@ -12,7 +12,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -166,13 +165,6 @@ for path in {paths!r}:
                 os.unlink(path)
 
 
-def _shmem_mb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("Shmem:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_memfd_cannot_grow_past_memory_mb(mode):
     tool = PythonSandbox(isolation=mode, timeout_seconds=LIMIT + 2, cpu_seconds=int(LIMIT), memory_mb=256)
@@ -187,25 +179,15 @@ for step in range(1, 65):
     print(step * 8, flush=True)
 print("DONE", flush=True)
 """
-    baseline, peak, stop = _shmem_mb(), [0.0], threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], _shmem_mb())
-            time.sleep(0.01)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     try:
         result = tool.run(code)
     finally:
-        stop.set()
-        watcher.join()
         tool.close()
+    # The proof is what the code itself managed to write (before the cgroups it printed DONE at 512 MB); the
+    # host's Shmem counter also moves with every other process (a parallel test worker), so it proves nothing.
     assert not result.ok and "DONE" not in result.text, result.text
     written = [int(line) for line in result.text.split() if line.isdigit()]
     assert max(written, default=0) <= 256, written[-3:]
-    assert peak[0] - baseline < 256 + 64, (baseline, peak)  # other work on the machine may hold a little
 
 
 def test_open_files_are_limited(sandbox):
