@@ -163,20 +163,48 @@ def _read_only_everywhere() -> None:
                 raise  # the rest (a /proc or /sys submount) is beyond a dropped uid's reach anyway
 
 
+def _others_may_enter(path: str) -> bool:
+    return os.stat(path).st_mode & 0o005 == 0o005
+
+
+def _binds(path: str) -> list[str]:
+    """What to bind back for a needed path: itself, or, when only its owner may enter it (a checkout in a 0700
+    directory), each of its entries, so that the tmpfs directory standing in for it lets the worker's uid in."""
+    if _others_may_enter(path):
+        return [path]
+    return [os.path.join(path, entry) for entry in sorted(os.listdir(path))]
+
+
+def _bind_read_only(handle: int, target: str) -> None:
+    if stat.S_ISDIR(os.stat(f"/proc/self/fd/{handle}").st_mode):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        open(target, "a").close()
+    _mount(f"/proc/self/fd/{handle}", target, None, _MS_BIND | _MS_REC)
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
 def _hide(hidden: dict[str, list[str]]) -> None:
     """An empty tmpfs over each hidden directory, with its needed paths bound back read-only. ``/tmp`` stays
     writable (``SCRATCH_MB``, the worker's own: libraries such as matplotlib need a cache directory to import);
     the others are read-only."""
-    handles = {path: os.open(path, os.O_PATH) for kept in hidden.values() for path in kept}
+    binds = {
+        directory: [b for path in sorted(kept, key=len) for b in _binds(path)] for directory, kept in hidden.items()
+    }
+    handles = {}  # opened before any tmpfs hides them
+    for path in (path for kept in binds.values() for path in kept):
+        try:
+            handles[path] = os.open(path, os.O_PATH)
+        except OSError:
+            continue  # a dangling link among a directory's entries: nothing to bind
     try:
-        for directory, kept in hidden.items():
+        for directory, kept in binds.items():
             scratch = directory == "/tmp"
             options = f"mode=1777,size={SCRATCH_MB}m" if scratch else "mode=0755,size=64k"
             _mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-            for path in kept:
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{handles[path]}", path, None, _MS_BIND | _MS_REC)
-                _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+            for path in (path for path in kept if path in handles):
+                _bind_read_only(handles[path], path)
             if not scratch:
                 _mount(None, directory, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     finally:
@@ -265,6 +293,8 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     else:
         new_uid = None
         network, mounts = _enter_namespaces_unprivileged(real_uid, real_gid)
+    # Import paths the worker's own uid could still not read (bound back, but closed to others themselves).
+    unreadable = tuple(p for p in needed if new_uid is not None and not mounts and not _others_may_enter(p))
     if mounts:
         _read_only_everywhere()
         _hide(_hidden_dirs(needed, own_uid=new_uid is not None))
@@ -281,7 +311,6 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     _limit(resource.RLIMIT_NOFILE, OPEN_FILES)
     if new_uid is not None:
         _limit(resource.RLIMIT_NPROC, len(os.listdir("/proc/self/task")))
-    unreadable = tuple(p for p in needed if new_uid is not None and os.stat(p).st_mode & 0o005 != 0o005)
     return Confinement(
         unreadable_paths=unreadable,
         uid=os.getuid(),
