@@ -30,7 +30,7 @@ import resource
 import stat
 import sys
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Confinement", "confine", "worker_environment"]
@@ -71,9 +71,6 @@ class Confinement:
         if not self.mount_namespace:
             found.append("can write where the trainer's uid can (no mount namespace could be created)")
         return found
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def worker_environment() -> dict[str, str]:

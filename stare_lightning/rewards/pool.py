@@ -93,7 +93,7 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
     scoring_guard.install()
     functions: dict[str, Any] = {}
     broken: dict[str, str] = {}
-    conn.send(("hello", os.getpid(), confinement.as_dict()))
+    conn.send(("hello", os.getpid(), confinement))
     while True:
         try:
             batch = conn.recv()
@@ -267,7 +267,7 @@ class VerifierPool:
             hello = None
         ok = hello is not None and hello[0] == "hello"
         if ok:
-            self.confinement = Confinement(**{**hello[2], "unreadable_paths": tuple(hello[2]["unreadable_paths"])})
+            self.confinement = hello[2]
             if not self._warned and self.confinement.weaknesses():
                 self._warned = True
                 log.warning("the verifier worker %s", "; ".join(self.confinement.weaknesses()))
