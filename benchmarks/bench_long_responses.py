@@ -2,7 +2,7 @@
 logits against padding-free packed micro-batches with the fused LM head.
 
 A step's batch of three rows with forced lengths after a 64-token prompt: responses of L, L / 4 and L / 8 tokens,
-split into micro-batches of at most L + 64 tokens as the trainer splits them (``optim.micro_batch_tokens`` is at
+split into micro-batches of at most L + 64 tokens as the trainer splits them (``forward.micro_batch_tokens`` is at
 least one response in the long-CoT recipes): the long row alone, the two short ones together (padded to the
 longer of them, or packed). The loss is the token-mean log-prob of the sampled tokens plus 0.01 x entropy, what
 the policy loss backpropagates through, accumulated over the micro-batches; gradient checkpointing is on (the

@@ -54,7 +54,7 @@ CONTENDERS = (
 # bf16-mixed: autocast over fp32 master weights, the engine in bf16), for CPUs with native bf16 (AVX512-BF16, AMX).
 CONTENDER_OVERRIDES = {
     "project_vllm_bf16": ["trainer.precision=bf16-mixed"],
-    "project_vllm_padded": ["optim.packed_sequences=false", "optim.share_prompts=false", "optim.fused=false"],
+    "project_vllm_padded": ["forward.packed_sequences=false", "forward.share_prompts=false", "optim.fused=false"],
     "project_vllm_compiled": ["+rollout.engine_kwargs.enforce_eager=false"],
 }
 CANARY = "rollout/logprob_abs_diff/max"  # the engine's log-probs against the trainer's, every step

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-outputs/gpu_smoke}
 GPUS=$(nvidia-smi -L | wc -l)
-LEVERS=(rollout.enable_sleep_mode=true optim.packed_sequences=true optim.fused_lm_head=true
+LEVERS=(rollout.enable_sleep_mode=true forward.packed_sequences=true forward.fused_lm_head=true
   telemetry.same_batch_entropy=false)
 
 smoke() {  # smoke NAME [overrides...]

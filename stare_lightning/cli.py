@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from stare_lightning.config.schema import RunConfig
+    from stare_lightning.run_config import RunConfig
 
 # name -> ("module:function", one line of help). The function gets the validated RunConfig, or, for the
 # names in PLAIN_SUBCOMMANDS, the argument list after the subcommand (and returns the exit status).
@@ -64,7 +64,7 @@ def config_dir() -> str:
 
 def register_schema() -> None:
     """Make ``RunConfig`` known to Hydra: ``conf/config.yaml`` names it as its first default."""
-    from stare_lightning.config.schema import register_schema as register
+    from stare_lightning.run_config import register_schema as register
 
     register()
 
@@ -89,7 +89,7 @@ def prepare_config(cfg: DictConfig) -> tuple[DictConfig, RunConfig]:
     """Fill in the output directory and validate every group; nothing heavy has happened yet."""
     from omegaconf import OmegaConf, open_dict
 
-    from stare_lightning.config.schema import to_run_config
+    from stare_lightning.run_config import to_run_config
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     with open_dict(cfg):

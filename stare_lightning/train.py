@@ -18,12 +18,12 @@ from transformers import AutoTokenizer
 
 from stare_lightning.allocator import hint_if_page_faulting
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
-from stare_lightning.config.schema import RunConfig
 from stare_lightning.data.datamodule import PromptDataModule
 from stare_lightning.data.tasks import sft_examples
 from stare_lightning.data.tasks.tool_traces import countdown_tool_examples
 from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
 from stare_lightning.models.registry import default_cache_dir, resolve_model
+from stare_lightning.run_config import RunConfig
 from stare_lightning.tools import Tool, build_format, build_tool_from_config
 
 

@@ -181,23 +181,20 @@ def test_shipped_algorithm_configs_validate():
             assert isinstance(obj, AlgorithmConfig) and obj.name == path.stem, path
 
 
-def test_official_semantics_refuse_what_the_reference_code_does_not_do():
-    stare = dict(enabled=True, scope="micro_batch", surprisal_source="current")
-    AlgorithmConfig(semantics="official", stare=STAREConfig(**stare))
-    with pytest.raises(ValueError, match="semantics=official selects inside each micro-batch.*got scope=step"):
-        AlgorithmConfig(semantics="official", stare=STAREConfig(**{**stare, "scope": "step"}))
-    with pytest.raises(ValueError, match="got scope=micro_batch, surprisal_source=old"):
-        AlgorithmConfig(semantics="official", stare=STAREConfig(**{**stare, "surprisal_source": "old"}))
-    with pytest.raises(ValueError, match="stare.timing=same_step"):
-        AlgorithmConfig(semantics="official", stare=STAREConfig(**stare, adaptive=True))
-    with pytest.raises(ValueError, match="semantics='exact'"):
-        AlgorithmConfig(semantics="exact")
+def test_each_semantics_switch_is_checked_and_refused_where_it_changes_nothing():
+    for key in ("dynamic_sampling_metric", "budget_exhausted", "gate_aggregation", "loss_normalizer",
+                "on_policy_old_logprobs"):  # fmt: skip
+        with pytest.raises(ValueError, match=f"algorithm.{key}='exact'.*allowed"):
+            AlgorithmConfig(dynamic_sampling=True, **{key: "exact"})
+    with pytest.raises(ValueError, match="budget_exhausted='stop' does nothing without dynamic sampling"):
+        AlgorithmConfig(budget_exhausted="stop")
+    AlgorithmConfig(budget_exhausted="stop", dynamic_sampling=True)
+    with pytest.raises(ValueError, match="loss_normalizer=micro_batch is not offered with .*seq-mean-token-sum-norm"):
+        AlgorithmConfig(loss_normalizer="micro_batch", loss_agg="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
+        AlgorithmConfig(on_policy_old_logprobs="forward", mini_batches=2)
     with pytest.raises(ValueError, match="generation_batch_multiplier=3 does nothing without dynamic sampling"):
         AlgorithmConfig(generation_batch_multiplier=3)
-    assert (
-        AlgorithmConfig(semantics="official", loss_agg="seq-mean-token-mean").gate_aggregation()
-        == "seq-mean-token-mean"
-    )
-    assert AlgorithmConfig(loss_agg="seq-mean-token-mean").gate_aggregation() == "token-mean"
-    assert AlgorithmConfig(semantics="official").detaches_old_logprobs()
-    assert not AlgorithmConfig(semantics="official", ppo_epochs=2).detaches_old_logprobs()
+    like_loss = AlgorithmConfig(gate_aggregation="like_loss", loss_agg="seq-mean-token-mean")
+    assert like_loss.gate_loss_agg() == "seq-mean-token-mean"
+    assert AlgorithmConfig(loss_agg="seq-mean-token-mean").gate_loss_agg() == "token-mean"

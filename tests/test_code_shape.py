@@ -36,3 +36,20 @@ def test_functions_are_short():
                 if length > MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS:
                     long[key] = length
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them, or list them with a reason): {long}"
+
+
+def test_the_lightning_module_only_wires_parts_together():
+    text = (PACKAGE / "module.py").read_text()
+    assert len(text.splitlines()) <= 250, "module.py: the step's logic belongs in step/, the parts in their packages"
+    assert "fmt: skip" not in text, "module.py: no line packing to stay under its cap"
+
+
+def test_the_step_package_runs_without_lightning():
+    for path in sorted((PACKAGE / "step").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+        assert not any(name.split(".")[0] == "lightning" for name in imported), path.name

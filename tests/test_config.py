@@ -93,8 +93,8 @@ def test_long_cot_recipes_keep_the_paper_setting_and_switch_the_memory_levers_on
     _, run = compose_run(tmp_path, [f"experiment={recipe}", "data.train_files=[/x.parquet]"])
     assert run.model.name_or_path == model and run.algorithm == short.algorithm and run.optim.lr == short.optim.lr
     assert run.rollout.max_new_tokens == 16384 and run.rollout.enable_sleep_mode and run.model.gradient_checkpointing
-    assert run.optim.micro_batch_tokens >= run.rollout.max_new_tokens  # a whole response fits one micro-batch
-    assert run.optim.packed_sequences and run.optim.fused_lm_head and not run.telemetry.same_batch_entropy
+    assert run.forward.micro_batch_tokens >= run.rollout.max_new_tokens  # a whole response fits one micro-batch
+    assert run.forward.packed_sequences and run.forward.fused_lm_head and not run.telemetry.same_batch_entropy
 
 
 def test_tool_recipe_inherits_the_paper_setting_and_adds_the_interpreter(tmp_path):
@@ -102,7 +102,7 @@ def test_tool_recipe_inherits_the_paper_setting_and_adds_the_interpreter(tmp_pat
     _, run = compose_run(tmp_path, ["experiment=paper_7b_tir", "data.train_files=[/x.parquet]"])
     assert run.tools.name == "python" and run.tools.format == "code_block" and run.tools.isolation == "bubblewrap"
     assert run.algorithm == short.algorithm and run.optim.lr == short.optim.lr and run.rollout.n == short.rollout.n
-    assert run.rollout.max_turns >= 1 and run.optim.micro_batch_tokens >= run.rollout.max_new_tokens
+    assert run.rollout.max_turns >= 1 and run.forward.micro_batch_tokens >= run.rollout.max_new_tokens
     service = ["tools.isolation=sandbox_fusion", "tools.sandbox_fusion_url=http://sandbox:8080"]
     _, fusion = compose_run(tmp_path, ["experiment=paper_7b_tir", "data.train_files=[/x.parquet]", *service])
     assert fusion.tools.tool_options()["sandbox_fusion_url"] == "http://sandbox:8080"
@@ -153,7 +153,7 @@ def test_paper_recipe_matches_the_method_doc(tmp_path):
         ("model.cold_start.batch_size=0", "model.cold_start.batch_size=0"),
         ("validation.pass_k=[0]", "validation.pass_k[0]=0"),
         ("rollout.enable_sleep_mode=true", "rollout.enable_sleep_mode=true does nothing here"),  # trainer=cpu
-        ("algorithm.semantics=official", "stare.scope=micro_batch"),  # the default STARE-O1 selects per step
+        ("algorithm.gate_aggregation=median", "algorithm.gate_aggregation='median'"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, override, needle):
@@ -165,18 +165,18 @@ def test_bad_values_name_the_key(tmp_path, override, needle):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["optim.fused_lm_head=true"], "telemetry.same_batch_entropy=true compares the full logits"),
-        (["optim.packed_sequences=maybe"], "optim.packed_sequences"),
+        (["forward.fused_lm_head=true"], "telemetry.same_batch_entropy=true compares the full logits"),
+        (["forward.packed_sequences=maybe"], "forward.packed_sequences"),
     ],
 )
 def test_forward_layouts_are_refused_where_they_cannot_apply(tmp_path, overrides, message):
     with pytest.raises(Exception, match=message):
         compose_run(tmp_path, overrides)
-    layout = compose_run(tmp_path, ["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false",
-                                    "optim.packed_sequences=true"])[1].optim.forward_layout()  # fmt: skip
+    layout = compose_run(tmp_path, ["forward.fused_lm_head=true", "telemetry.same_batch_entropy=false",
+                                    "forward.packed_sequences=true"])[1].forward.layout()  # fmt: skip
     assert layout.packed and layout.fused_head
-    sharded = ["optim.fused_lm_head=true", "telemetry.same_batch_entropy=false", "trainer=fsdp"]
-    assert compose_run(tmp_path, sharded)[1].optim.forward_layout().fused_head  # FSDP2: tests/test_fsdp.py
+    sharded = ["forward.fused_lm_head=true", "telemetry.same_batch_entropy=false", "trainer=fsdp"]
+    assert compose_run(tmp_path, sharded)[1].forward.layout().fused_head  # FSDP2: tests/test_fsdp.py
 
 
 def test_unknown_key_is_rejected(tmp_path):

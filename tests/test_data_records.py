@@ -275,7 +275,7 @@ def test_verl_parquet_names_the_benchmarks_of_a_val_file(tmp_path):
 
 def test_columns_compose_from_a_plain_override(tmp_path):
     from stare_lightning.cli import compose
-    from stare_lightning.config.schema import to_run_config
+    from stare_lightning.run_config import to_run_config
 
     path = write_parquet(tmp_path / "verl.parquet", verl_rows())
     mapping = "data.columns={messages: prompt, answer: reward_model.ground_truth}"

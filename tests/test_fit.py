@@ -213,10 +213,10 @@ def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_c
     """The same run with padding-free micro-batches, one copy of each prompt per group and the fused LM head:
     the same losses, entropies and STARE selections step by step (the gate open from the start)."""
     common = [*FAST, "trainer.max_steps=3", "validation.before_fit=false", "telemetry.same_batch_entropy=false",
-              "algorithm.stare.target_entropy=10.0", "optim.micro_batch_tokens=512"]  # fmt: skip
+              "algorithm.stare.target_entropy=10.0", "forward.micro_batch_tokens=512"]  # fmt: skip
     layouts = {
-        "padded": ["optim.packed_sequences=false", "optim.share_prompts=false"],
-        "packed": ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused_lm_head=true"],
+        "padded": ["forward.packed_sequences=false", "forward.share_prompts=false"],
+        "packed": ["forward.packed_sequences=true", "forward.share_prompts=true", "forward.fused_lm_head=true"],
     }
     for name, overrides in layouts.items():
         proc = run_cli(["fit", f"output_dir={tmp_path / name}", *common, *overrides], model_cache)
@@ -231,8 +231,8 @@ def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_c
 
 
 def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cache, monkeypatch):
-    from stare_lightning import module as module_file
     from stare_lightning import train
+    from stare_lightning.step import runner as runner_file
 
     calls = []
 
@@ -241,8 +241,8 @@ def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cach
         calls.append(None)
         return dataclasses.replace(result, loss=result.loss * float("nan")) if len(calls) == 1 else result
 
-    micro_batch_loss = module_file.micro_batch_loss
-    monkeypatch.setattr(module_file, "micro_batch_loss", poisoned_once)
+    micro_batch_loss = runner_file.micro_batch_loss
+    monkeypatch.setattr(runner_file, "micro_batch_loss", poisoned_once)
     cfg = compose_run(
         tmp_path, ["trainer.max_steps=2", "validation.before_fit=false", "trainer.val_check_interval=100"]
     )
@@ -336,3 +336,26 @@ def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
     assert sorted(steps) == [0, 1]
     # The engine received the trainer's weights: its log-probs match the trainer's forward (fp32).
     assert all(r["train/rollout/logprob_abs_diff/mean"] < 1e-3 for r in steps.values())
+
+
+@pytest.mark.parametrize("algorithm", ["gspo", "cispo", "stare_gspo", "stare_cispo"])
+def test_gspo_and_cispo_train_with_and_without_stare(tmp_path, model_cache, algorithm):
+    """Two rollout batches of each new policy loss in a real fit, two mini-batches each (so the ratio moves off 1
+    and the second optimizer step's clip or IS weight is exercised); STARE's gate open, its weights applied."""
+    from stare_lightning import train
+
+    common = ["trainer.max_steps=4", "validation.before_fit=false", "trainer.val_check_interval=100"]
+    cfg = compose_run(tmp_path, [*common, f"algorithm={algorithm}", "algorithm.mini_batches=2",
+                                 "algorithm.stare.target_entropy=100.0"])  # fmt: skip
+    module, datamodule = train._setup(cfg)
+    module.configure_model()
+    before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    train.build_trainer(cfg).fit(module, datamodule=datamodule)
+    rows = train_rows(read_metrics(tmp_path))
+    assert len(rows) == 2 and module.plan.forward.layout.packed
+    for row in rows.values():
+        assert math.isfinite(row["train/loss"]) and math.isfinite(row["train/grad_norm"])
+        assert row["train/stare/gate_on"] == float(algorithm.startswith("stare"))
+    first = rows[min(rows)]
+    assert first["train/grad_norm"] > 0 and first["train/frac_zero_std_groups"] < 1.0
+    assert any(not torch.equal(before[n], p.detach()) for n, p in module.policy.named_parameters())

@@ -37,8 +37,8 @@ SAME_STEPS = [
     "callbacks.model_checkpoint.every_n_train_steps=2",
     "trainer.max_steps=3",
     # The padded layout (the default is packed): the packed FSDP2 fit below is compared against it.
-    "optim.packed_sequences=false",
-    "optim.share_prompts=false",
+    "forward.packed_sequences=false",
+    "forward.share_prompts=false",
 ]
 ONE_PROCESS = [*SAME_STEPS, "trainer=cpu", "data.prompts_per_step=8"]
 # Everything but the launch: trainer=fsdp, devices and nodes come from the launcher's command line.
@@ -149,7 +149,7 @@ def test_two_process_packed_fused_fsdp_fit_matches_the_padded_one_process_fit(re
     """Packed micro-batches with shared prompts and the fused LM head under FSDP2: the head's weight is read after
     the root's forward has gathered it, and the backward reduce-scatters its gradient (grad_norm would show a
     rank's local gradient); every step is the padded one-process run's."""
-    layout = ["optim.packed_sequences=true", "optim.share_prompts=true", "optim.fused_lm_head=true",
+    layout = ["forward.packed_sequences=true", "forward.share_prompts=true", "forward.fused_lm_head=true",
               "telemetry.same_batch_entropy=false"]  # fmt: skip
     sharded = tmp_path / "fsdp_packed_fused"
     _fit([f"output_dir={sharded}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *layout], model_cache)

@@ -150,6 +150,6 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
 
 
 def test_official_old_logprobs_are_the_detached_current_ones_only_on_policy():
-    assert official_config().detaches_old_logprobs()
-    assert not official_config(ppo_epochs=2).detaches_old_logprobs()
-    assert not dataclasses.replace(official_config(), semantics="project").detaches_old_logprobs()
+    assert official_config().on_policy_old_logprobs == "forward"
+    with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
+        official_config(ppo_epochs=2)

@@ -60,6 +60,10 @@ def pool():
         yield pool
 
 
+# The collection switches of the reference code's side (the *_official algorithm recipes).
+OFFICIAL = {"dynamic_sampling_metric": "score", "budget_exhausted": "stop"}
+
+
 def _collect(pool, engine, items, more=None, **alg):
     cfg = AlgorithmConfig(**alg)
     return collect(
@@ -199,7 +203,7 @@ def test_official_semantics_filter_on_accuracy_not_on_the_shaped_reward(pool):
     more = lambda count, attempt: [_item("b")]  # noqa: E731
     common = dict(dynamic_sampling=True, overlong_buffer=4, max_generation_batches=3)
     project = _collect(pool, ScriptedEngine(script), [_item("a")], more=more, **common)
-    official = _collect(pool, ScriptedEngine(script), [_item("a")], more=more, semantics="official", **common)
+    official = _collect(pool, ScriptedEngine(script), [_item("a")], more=more, **OFFICIAL, **common)
     assert [i["id"] for i in project.items] == ["a"] and project.stats.generation_batches == 1
     assert [i["id"] for i in official.items] == ["b"] and official.stats.generation_batches == 2
 
@@ -234,6 +238,6 @@ def test_official_semantics_stop_when_the_budget_runs_out(pool):
     with pytest.raises(
         RuntimeError, match=r"kept 0 of the step's 2 groups after 2 generation batches.*max_generation_batches=2"
     ):
-        _collect(pool, ScriptedEngine(script), [_item("a"), _item("b")], more=more, semantics="official", **kwargs)
+        _collect(pool, ScriptedEngine(script), [_item("a"), _item("b")], more=more, **OFFICIAL, **kwargs)
     # The project's semantics train on what they kept (here: the last batch, at zero advantage).
     assert _collect(pool, ScriptedEngine(script), [_item("a"), _item("b")], more=more, **kwargs).batch.num_rows == 2 * N

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from stare_lightning.algorithms import StepParams, step_selection
+from stare_lightning.algorithms import AlgorithmConfig, StepParams, step_selection
 from stare_lightning.step import Experience, micro_batch_loss, micro_batches
 from stare_lightning.step.forward import PADDED, ForwardLayout, PackedRows, response_token_stats
 from stare_lightning.step.loss import step_normalizer
@@ -158,8 +158,7 @@ def test_stare_losses_selection_and_gradients_are_unchanged(policy, name):
 def test_the_step_scope_selection_is_unchanged(policy, name):
     """The project's default: one selection over the step's batch from the scoring pass."""
     batch = uneven_batch(policy.config.vocab_size)
-    alg = official_config()
-    alg = dataclasses.replace(alg, semantics="project", stare=dataclasses.replace(alg.stare, scope="step"))
+    alg = dataclasses.replace(AlgorithmConfig(), stare=dataclasses.replace(official_config().stare, scope="step"))
     params = StepParams(gate_on=True, w=3.0, m=1.0)
     selections = []
     for layout in (PADDED, LAYOUTS[name]):

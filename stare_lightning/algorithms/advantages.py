@@ -17,13 +17,17 @@ Departure from the papers: none; eps is added to the std (not under a square roo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from stare_lightning.algorithms.registry import Registry
+
 __all__ = ["ADVANTAGE_ESTIMATORS", "compute_advantages", "zero_variance_groups", "overlong_penalty"]
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+# An estimator maps rewards [P, G] (float32 or wider) and eps to advantages [P, G].
+ADVANTAGE_ESTIMATORS: Registry[Callable[[Tensor, float], Tensor]] = Registry("algorithm.advantage")
 
 
 def _check_rewards(rewards: Tensor) -> None:
@@ -34,23 +38,32 @@ def _check_rewards(rewards: Tensor) -> None:
 def compute_advantages(rewards: Tensor, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
     """Per-response advantages [P, G] from rewards [P, G], float32 (float64 stays float64)."""
     _check_rewards(rewards)
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"estimator={estimator!r} is not allowed: choose one of {ADVANTAGE_ESTIMATORS}")
+    estimate = ADVANTAGE_ESTIMATORS[estimator]
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps={eps!r} is out of range: must be a finite number >= 0")
-    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
-    group = r.shape[1]
-    centred = r - r.mean(dim=1, keepdim=True)
-    if estimator == "dr_grpo":
-        return centred
-    if estimator == "rloo":
-        if group < 2:
-            raise ValueError(f"rewards has group size G={group}; estimator 'rloo' needs G >= 2")
-        return centred * (group / (group - 1))
+    return estimate(rewards.to(torch.promote_types(rewards.dtype, torch.float32)), eps)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def grpo_advantages(rewards: Tensor, eps: float) -> Tensor:
+    group = rewards.shape[1]
     if group < 2:
-        return torch.zeros_like(r)
-    std = r.std(dim=1, keepdim=True, correction=1)
-    return centred / (std + eps)
+        return torch.zeros_like(rewards)
+    std = rewards.std(dim=1, keepdim=True, correction=1)
+    return (rewards - rewards.mean(dim=1, keepdim=True)) / (std + eps)
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+def dr_grpo_advantages(rewards: Tensor, eps: float) -> Tensor:
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo_advantages(rewards: Tensor, eps: float) -> Tensor:
+    group = rewards.shape[1]
+    if group < 2:
+        raise ValueError(f"rewards has group size G={group}; estimator 'rloo' needs G >= 2")
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * (group / (group - 1))
 
 
 def zero_variance_groups(rewards: Tensor) -> Tensor:

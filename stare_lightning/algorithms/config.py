@@ -17,19 +17,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from stare_lightning.algorithms.entropy_control import AdaptiveEntropyCoefficient
+from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS, AdaptiveEntropyCoefficient
+from stare_lightning.algorithms.policy_losses import POLICY_LOSSES
 from stare_lightning.algorithms.rollout_correction import MISMATCH_LEVELS, MISMATCH_MODES
 from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_SELECTORS, STARE_VARIANTS
 from stare_lightning.algorithms.stare_controller import STARE_TIMINGS, STAREController
 from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
 from stare_lightning.config.checks import choice, flag, number, text
 
-__all__ = ["ENTROPY_CONTROLS", "SURPRISAL_SOURCES", "AlgorithmConfig", "STAREConfig"]
+__all__ = ["SURPRISAL_SOURCES", "AlgorithmConfig", "STAREConfig"]
 
-ENTROPY_CONTROLS = ("none", "clip_cov", "kl_cov", "top_entropy")
 SURPRISAL_SOURCES = ("current", "old")
-# project: this project's choices; official: the reference trainer's (README, "Semantics"), for reproduction.
-SEMANTICS = ("project", "official")
+# Where this project and the reference trainer part ways (README, "Semantics"): one switch per point, the
+# project's choice first. The `*_official` algorithm recipes set the reference trainer's side of each.
+DYNAMIC_SAMPLING_METRICS = ("reward", "score")  # filter groups on the shaped reward, or the verifier's raw score
+BUDGET_EXHAUSTED = ("train", "stop")  # dynamic sampling out of generation batches: train on what was kept, or stop
+GATE_AGGREGATIONS = ("token-mean", "like_loss")  # the entropy the gate compares to its target
+LOSS_NORMALIZERS = ("step", "micro_batch")  # token-mean over the step's tokens, or per micro-batch (reference)
+OLD_LOGPROB_SOURCES = ("scoring_pass", "forward")  # on-policy: the no-grad pass, or the update's forward, detached
 
 
 @dataclass
@@ -94,7 +99,8 @@ class AlgorithmConfig:
     """The policy-loss settings; `name` is a free label for logs and run names."""
 
     name: str = "grpo"
-    advantage: str = "grpo"  # grpo | dr_grpo | rloo
+    advantage: str = "grpo"  # grpo | dr_grpo | rloo (advantages.ADVANTAGE_ESTIMATORS)
+    policy_loss: str = "ppo"  # ppo | gspo | cispo (policy_losses.POLICY_LOSSES)
     adv_eps: float = 1e-6
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -106,7 +112,7 @@ class AlgorithmConfig:
     entropy_target: float | None = None  # set: the entropy coefficient adapts toward this target
     entropy_coef_lr: float = 0.01
     entropy_coef_max: float = 0.1
-    entropy_control: str = "none"  # none | clip_cov | kl_cov | top_entropy
+    entropy_control: str = "none"  # none | clip_cov | kl_cov | top_entropy (entropy_control.ENTROPY_CONTROLS)
     clip_cov_ratio: float = 2e-4
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
@@ -116,7 +122,11 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_generation_batches: int = 10
     generation_batch_multiplier: int = 1  # dynamic sampling: prompts generated per round, in step batches
-    semantics: str = "project"  # project | official (README, "Semantics")
+    dynamic_sampling_metric: str = "reward"  # reward | score: what must vary in a group (filter, zero-std metric)
+    budget_exhausted: str = "train"  # train | stop: max_generation_batches reached with the step still short
+    gate_aggregation: str = "token-mean"  # token-mean | like_loss: the entropy STARE's gate reads
+    loss_normalizer: str = "step"  # step | micro_batch: the token-mean's denominator
+    on_policy_old_logprobs: str = "scoring_pass"  # scoring_pass | forward: old log-probs of an on-policy step
     overlong_buffer: int = 0  # 0 = off
     overlong_penalty_factor: float = 1.0
     ppo_epochs: int = 1
@@ -135,7 +145,8 @@ class AlgorithmConfig:
             )
         p = "algorithm."
         text(f"{p}name", self.name)
-        choice(f"{p}advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        choice(f"{p}advantage", self.advantage, ADVANTAGE_ESTIMATORS.names())
+        choice(f"{p}policy_loss", self.policy_loss, POLICY_LOSSES.names())
         number(f"{p}adv_eps", self.adv_eps, low=0.0)
         number(f"{p}clip_eps_low", self.clip_eps_low, low=0.0, high=1.0)
         number(f"{p}clip_eps_high", self.clip_eps_high, low=0.0)
@@ -154,7 +165,7 @@ class AlgorithmConfig:
                 f"{p}entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
                 f"be <= entropy_coef_max={self.entropy_coef_max}"
             )
-        choice(f"{p}entropy_control", self.entropy_control, ENTROPY_CONTROLS)
+        choice(f"{p}entropy_control", self.entropy_control, ENTROPY_CONTROLS.names())
         number(f"{p}clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, low_open=True)
         number(f"{p}clip_cov_lb", self.clip_cov_lb)
         number(f"{p}clip_cov_ub", self.clip_cov_ub)
@@ -173,9 +184,8 @@ class AlgorithmConfig:
                 f"{p}generation_batch_multiplier={self.generation_batch_multiplier} does nothing without "
                 f"dynamic sampling: set {p}dynamic_sampling=true or leave the multiplier at 1"
             )
-        choice(f"{p}semantics", self.semantics, SEMANTICS)
-        if self.semantics == "official":
-            self._check_official()
+        self._check_semantics()
+        self._check_policy_loss()
         number(f"{p}overlong_buffer", self.overlong_buffer, low=0, integer=True)
         number(f"{p}overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
         number(f"{p}ppo_epochs", self.ppo_epochs, low=1, integer=True)
@@ -184,36 +194,52 @@ class AlgorithmConfig:
         choice(f"{p}mismatch_mode", self.mismatch_mode, MISMATCH_MODES)
         number(f"{p}mismatch_cap", self.mismatch_cap, low=0.0, low_open=True)
 
-    def _check_official(self) -> None:
-        """Settings that contradict the reference trainer are refused rather than overridden."""
-        stare, p = self.stare, "algorithm."
-        if stare.enabled and (stare.scope, stare.surprisal_source) != ("micro_batch", "current"):
+    def _check_semantics(self) -> None:
+        """The switches of README's "Semantics" table; each is refused where it would change nothing."""
+        p = "algorithm."
+        choice(f"{p}dynamic_sampling_metric", self.dynamic_sampling_metric, DYNAMIC_SAMPLING_METRICS)
+        choice(f"{p}budget_exhausted", self.budget_exhausted, BUDGET_EXHAUSTED)
+        choice(f"{p}gate_aggregation", self.gate_aggregation, GATE_AGGREGATIONS)
+        choice(f"{p}loss_normalizer", self.loss_normalizer, LOSS_NORMALIZERS)
+        choice(f"{p}on_policy_old_logprobs", self.on_policy_old_logprobs, OLD_LOGPROB_SOURCES)
+        if self.budget_exhausted != "train" and not self.dynamic_sampling:
             raise ValueError(
-                f"{p}semantics=official selects inside each micro-batch from the current log-probs, as the "
-                f"reference code does: set {p}stare.scope=micro_batch and {p}stare.surprisal_source=current "
-                f"(got scope={stare.scope}, surprisal_source={stare.surprisal_source})"
+                f"{p}budget_exhausted={self.budget_exhausted!r} does nothing without dynamic sampling: set "
+                f"{p}dynamic_sampling=true or {p}budget_exhausted=train"
             )
-        if self.loss_agg == "seq-mean-token-sum-norm":
+        if self.loss_normalizer == "micro_batch" and self.loss_agg == "seq-mean-token-sum-norm":
             raise ValueError(
-                f"{p}semantics=official is not offered with {p}loss_agg=seq-mean-token-sum-norm: the reference "
-                "code scales that mode by its micro-batch row count; use token-mean or seq-mean-token-mean"
+                f"{p}loss_normalizer=micro_batch is not offered with {p}loss_agg=seq-mean-token-sum-norm: the "
+                "reference code scales that mode by its micro-batch row count; use token-mean or seq-mean-token-mean"
             )
-        if stare.enabled and stare.adaptive and stare.timing != "same_step":
+        if self.on_policy_old_logprobs == "forward" and not self.is_on_policy():
             raise ValueError(
-                f"{p}semantics=official applies the adaptive W/M in the step that measured the entropy: set "
-                f"{p}stare.timing=same_step (got {stare.timing})"
+                f"{p}on_policy_old_logprobs=forward applies to on-policy steps only (ppo_epochs=1, mini_batches=1; "
+                f"got {self.ppo_epochs}, {self.mini_batches}): the policy moves before later mini-batches, so "
+                "their old log-probs must come from the scoring pass"
+            )
+
+    def _check_policy_loss(self) -> None:
+        """PPO's dual clip and the covariance controls are defined on PPO's token clip; the others have none."""
+        p = "algorithm."
+        if self.policy_loss == "ppo":
+            return
+        if self.dual_clip_c is not None:
+            raise ValueError(
+                f"{p}dual_clip_c={self.dual_clip_c} does nothing with {p}policy_loss={self.policy_loss}: the dual clip "
+                f"bounds PPO's token ratio; set {p}dual_clip_c=null"
+            )
+        if self.entropy_control in ("clip_cov", "kl_cov"):
+            raise ValueError(
+                f"{p}entropy_control={self.entropy_control} is defined on PPO's token clip, not on "
+                f"{p}policy_loss={self.policy_loss}: use policy_loss=ppo, or entropy_control none or top_entropy"
             )
 
     # Derived quantities.
-    def detaches_old_logprobs(self) -> bool:
-        """Old log-probs are this forward's, detached (ratio exactly 1), rather than the scoring pass's:
-        on-policy under the official semantics (the project's on-policy runs without a scoring pass do it too)."""
-        return self.semantics == "official" and self.is_on_policy()
-
-    def gate_aggregation(self) -> str:
-        """How the entropy that drives STARE's gate is aggregated: token-mean (the paper), or like the loss
-        (the reference code, official semantics)."""
-        return self.loss_agg if self.semantics == "official" else "token-mean"
+    def gate_loss_agg(self) -> str:
+        """The aggregation of the entropy that drives STARE's gate: the token mean (the paper), or the loss's
+        (the reference code)."""
+        return self.loss_agg if self.gate_aggregation == "like_loss" else "token-mean"
 
     def uses_reference(self) -> bool:
         """Whether a frozen reference policy is needed (KL penalty on)."""

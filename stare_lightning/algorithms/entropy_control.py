@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms.surrogates import broadcast_advantages
+from stare_lightning.algorithms.registry import Registry
+from stare_lightning.algorithms.surrogates import LOG_RATIO_CLAMP, broadcast_advantages, clip_masks
 
 __all__ = [
+    "ENTROPY_CONTROLS",
     "AdaptiveEntropyCoefficient",
+    "ControlTerms",
     "clip_cov_mask",
     "kl_cov_penalty",
     "token_covariance",
@@ -145,6 +150,63 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_fraction: float = 0.2) -
     order = torch.sort(scores, descending=True, stable=True).indices
     out.view(-1)[idx[order[:k]]] = True
     return out
+
+
+@dataclass(frozen=True)
+class ControlTerms:
+    """What an entropy control does to one micro-batch's surrogate."""
+
+    detach: Tensor | None = None  # bool [B, T]: tokens whose surrogate gradient is removed (value kept)
+    penalty: Tensor | None = None  # [B, T]: added to the per-token loss
+    controlled: Tensor | None = None  # bool [B, T]: tokens detached or penalised (telemetry)
+    unclipped: bool = False  # the surrogate runs without its clip (KL-Cov replaces the clip by its penalty)
+
+
+# An entropy control maps (cfg, logprobs, old_logprobs, advantages [B, T], mask, entropy or None, generator) to
+# its ControlTerms. The names are ``algorithm.entropy_control``'s values.
+ENTROPY_CONTROLS: Registry[Callable[..., ControlTerms]] = Registry("algorithm.entropy_control")
+
+
+@ENTROPY_CONTROLS.register("none")
+def no_entropy_control(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+    return ControlTerms()
+
+
+@ENTROPY_CONTROLS.register("clip_cov")
+def clip_cov(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+    """Clip-Cov: detach a random draw of high-covariance tokens whose PPO clip is not already active."""
+    valid = mask.to(torch.bool)
+    with torch.no_grad():
+        ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        low, high = clip_masks(ratio, adv, valid, cfg.clip_eps_low, cfg.clip_eps_high)
+        detach = clip_cov_mask(
+            logprobs,
+            adv,
+            mask,
+            clip_ratio=cfg.clip_cov_ratio,
+            lb=cfg.clip_cov_lb,
+            ub=cfg.clip_cov_ub,
+            exclude=low | high,
+            generator=generator,
+        )
+    return ControlTerms(detach=detach)
+
+
+@ENTROPY_CONTROLS.register("kl_cov")
+def kl_cov(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+    """KL-Cov: a |log-ratio| penalty on the top-covariance tokens, in place of the clip."""
+    penalty, selected = kl_cov_penalty(
+        logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef
+    )
+    return ControlTerms(penalty=penalty, controlled=selected, unclipped=True)
+
+
+@ENTROPY_CONTROLS.register("top_entropy")
+def top_entropy(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+    """The 80/20 rule: only the top-entropy tokens keep their policy gradient."""
+    if entropy is None:
+        raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
+    return ControlTerms(detach=mask.to(torch.bool) & ~top_entropy_mask(entropy, mask, cfg.top_entropy_fraction))
 
 
 class AdaptiveEntropyCoefficient:

@@ -1,11 +1,13 @@
-"""The policy loss of one micro-batch: entropy control, clipped surrogate with token weights, KL and entropy terms.
+"""The policy loss of one micro-batch: entropy control, surrogate with token weights, KL and entropy terms.
 
 What it implements, in this order (docs/method.md, sections 3 and 4):
-1. entropy-control masks (Cui et al. 2025 Clip-Cov / KL-Cov; Wang et al. 2025 80/20 rule): the
-   selected tokens' log-probs are detached (Clip-Cov: the drawn high-covariance tokens; 80/20: all
-   but the top-entropy tokens), which zeroes their policy gradient and keeps the loss value;
-2. the PPO clipped surrogate (clip-higher, optional dual clip), multiplied AFTER clipping by the
-   token weights (STARE's omega; Luo et al. 2026, arXiv 2606.19236); KL-Cov then adds its penalty;
+1. the entropy control, by name from ``ENTROPY_CONTROLS`` (Cui et al. 2025 Clip-Cov / KL-Cov; Wang et al.
+   2025 80/20 rule): the selected tokens' log-probs are detached (Clip-Cov: the drawn high-covariance tokens;
+   80/20: all but the top-entropy tokens), which zeroes their policy gradient and keeps the loss value, or a
+   per-token penalty is added (KL-Cov);
+2. the surrogate, by name from ``policy_losses.POLICY_LOSSES`` (PPO's clipped ratio with clip-higher and
+   dual clip, GSPO, CISPO), multiplied AFTER clipping by the token weights (STARE's omega; Luo et al. 2026,
+   arXiv 2606.19236); the entropy control's penalty is then added;
 3. aggregation with the step-global `LossNormalizer`, so the micro-batch losses sum to the step loss;
 4. + kl_coef * (the KL estimator against the reference policy, aggregated the same way);
 5. - entropy_coef * (the entropy bonus, aggregated the same way).
@@ -24,14 +26,13 @@ import torch
 from torch import Tensor
 
 from stare_lightning.algorithms.config import AlgorithmConfig
-from stare_lightning.algorithms.entropy_control import clip_cov_mask, kl_cov_penalty, top_entropy_mask
+from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS
+from stare_lightning.algorithms.policy_losses import POLICY_LOSSES, ClipRange
 from stare_lightning.algorithms.surrogates import (
     LOG_RATIO_CLAMP,
     LossNormalizer,
     aggregate_loss,
     broadcast_advantages,
-    clip_masks,
-    clipped_surrogate,
     entropy_bonus,
     kl_penalty,
 )
@@ -76,28 +77,17 @@ def policy_loss(
     entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     adv = broadcast_advantages(advantages, logprobs)
     valid = mask.to(torch.bool)
-    detach = _entropy_control_detach(cfg, logprobs, old_logprobs, adv, mask, entropy, generator)
+    control = ENTROPY_CONTROLS[cfg.entropy_control](cfg, logprobs, old_logprobs, adv, mask, entropy, generator)
+    detach = control.detach
     lp_surrogate = logprobs if detach is None else torch.where(detach, logprobs.detach(), logprobs)
-    if cfg.entropy_control == "kl_cov":
-        eps_low, eps_high, dual = 1.0, math.inf, None
-    else:
-        eps_low, eps_high, dual = cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c
-    per_token, clip_stats = clipped_surrogate(
-        lp_surrogate,
-        old_logprobs,
-        adv,
-        mask,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        dual_clip_c=dual,
-        token_weights=token_weights,
-    )
-    controlled = detach
-    if cfg.entropy_control == "kl_cov":
-        penalty, controlled = kl_cov_penalty(
-            logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef
-        )
-        per_token = per_token + penalty
+    clip = ClipRange(cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
+    if control.unclipped:
+        clip = ClipRange(1.0, math.inf)
+    surrogate = POLICY_LOSSES[cfg.policy_loss]
+    per_token, clip_stats = surrogate(lp_surrogate, old_logprobs, adv, mask, clip, token_weights=token_weights)
+    if control.penalty is not None:
+        per_token = per_token + control.penalty
+    controlled = control.controlled if control.controlled is not None else detach
     pg_loss = aggregate_loss(per_token, mask, cfg.loss_agg, normalizer)
     loss, stats = _add_regularizers(pg_loss, logprobs, mask, cfg, normalizer, ref_logprobs, entropy, entropy_coef)
     stats.update(_surrogate_stats(logprobs, old_logprobs, valid, clip_stats, controlled, pg_loss, token_weights))
@@ -133,38 +123,6 @@ def _add_regularizers(
             loss = loss - entropy_coef * ent_loss
         stats.update(entropy_sum=bonus.sum().detach().float(), entropy_loss=ent_loss.detach().float())
     return loss, stats
-
-
-def _entropy_control_detach(
-    cfg: AlgorithmConfig,
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    entropy: Tensor | None,
-    generator,
-) -> Tensor | None:
-    """Tokens whose surrogate gradient the entropy control removes (Clip-Cov, 80/20), or None."""
-    valid = mask.to(torch.bool)
-    if cfg.entropy_control == "clip_cov":
-        with torch.no_grad():
-            ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-            low, high = clip_masks(ratio, adv, valid, cfg.clip_eps_low, cfg.clip_eps_high)
-            return clip_cov_mask(
-                logprobs,
-                adv,
-                mask,
-                clip_ratio=cfg.clip_cov_ratio,
-                lb=cfg.clip_cov_lb,
-                ub=cfg.clip_cov_ub,
-                exclude=low | high,
-                generator=generator,
-            )
-    if cfg.entropy_control == "top_entropy":
-        if entropy is None:
-            raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
-        return valid & ~top_entropy_mask(entropy, mask, cfg.top_entropy_fraction)
-    return None
 
 
 def _surrogate_stats(

@@ -16,6 +16,8 @@ The paper ranks the current policy's surprisal; its reference code re-selects pe
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from torch import Tensor
 
 from stare_lightning.algorithms.config import AlgorithmConfig, STAREConfig
@@ -23,22 +25,36 @@ from stare_lightning.algorithms.rollout_correction import mismatch_is_weights
 from stare_lightning.algorithms.stare import STAREStats, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import StepParams
 
-__all__ = ["micro_batch_stare_weights", "micro_batch_token_weights", "selection_timing", "step_selection"]
+__all__ = [
+    "SelectionTiming",
+    "micro_batch_stare_weights",
+    "micro_batch_token_weights",
+    "selection_timing",
+    "step_selection",
+]
 
-SELECTION_TIMINGS = ("step", "optimizer_step", "micro_batch")
+
+class SelectionTiming(StrEnum):
+    """When the selection that the loss applies is made (module docstring)."""
+
+    STEP = "step"
+    OPTIMIZER_STEP = "optimizer_step"
+    MICRO_BATCH = "micro_batch"
 
 
-def selection_timing(stare: STAREConfig) -> str:
-    """When the selection that the loss applies is made: one of ``SELECTION_TIMINGS`` (module docstring).
+def selection_timing(stare: STAREConfig) -> SelectionTiming:
+    """When the selection that the loss applies is made, from ``stare.scope`` and ``stare.surprisal_source``.
 
-    With STARE off it is ``step``: the step-wide selection is still made, for the telemetry only.
+    With STARE off it is ``STEP``: the step-wide selection is still made, for the telemetry only.
     """
     if not stare.enabled:
-        return "step"
+        return SelectionTiming.STEP
     current = stare.surprisal_source == "current"
     if stare.scope == "micro_batch" or (stare.scope == "sequence" and current):
-        return "micro_batch"
-    return "optimizer_step" if current and stare.scope in ("step", "group") else "step"
+        return SelectionTiming.MICRO_BATCH
+    if current and stare.scope in ("step", "group"):
+        return SelectionTiming.OPTIMIZER_STEP
+    return SelectionTiming.STEP
 
 
 def step_selection(
@@ -93,7 +109,7 @@ def micro_batch_stare_weights(
     made here.
     """
     stare = alg.stare
-    if selection_timing(stare) != "micro_batch":
+    if selection_timing(stare) is not SelectionTiming.MICRO_BATCH:
         return step_omega, step_selected
     source = current_logprobs if stare.surprisal_source == "current" else old_logprobs
     omega, stats = stare_weights_for_scope(

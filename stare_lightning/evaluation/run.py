@@ -18,9 +18,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from stare_lightning.config.schema import RunConfig
 from stare_lightning.evaluation.report import all_results, markdown_table
 from stare_lightning.evaluation.samples import SampleRecorder
+from stare_lightning.run_config import RunConfig
 
 RESULTS, SAMPLES, TABLE = "results.json", "samples.jsonl", "results.md"
 

@@ -8,7 +8,7 @@ ranks, so a token mean is exact whatever the sharding. Training metrics are comp
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -39,11 +39,10 @@ def _grouped(texts: Sequence[str], n: int) -> list[list[str]]:
 class TrainTelemetry(nn.Module):
     """The ``train/`` metrics of one step.
 
-    Order within a step: ``batch_entropy`` (H_k, before the gate), ``add_micro_batch`` for every
-    micro-batch of the update, ``add_optimizer_step`` for every optimizer step and ``add_selection`` for
-    every STARE selection applied, then ``compute`` once. With ``tool_use`` the step also reports its
-    episodes' tool calls (``metrics.tool_use``) and the entropy of the policy tokens right after a tool's
-    reply (``entropy/after_tool``) and of the other policy tokens (``entropy/elsewhere``).
+    Per step: ``add_step`` with what the step runner returns (``step.runner.StepResult``), then ``compute`` once.
+    With ``tool_use`` the step also reports its episodes' tool calls (``metrics.tool_use``) and the entropy of
+    the policy tokens right after a tool's reply (``entropy/after_tool``) and of the other policy tokens
+    (``entropy/elsewhere``).
     """
 
     def __init__(
@@ -57,9 +56,8 @@ class TrainTelemetry(nn.Module):
         self.tool = ToolUse() if tool_use else None
         self.entropy_after_tool = TokenEntropy() if tool_use else None
         self.entropy_elsewhere = TokenEntropy() if tool_use else None
-        # The same-batch entropy change (``add_entropy_change``) is measured only on request: it costs forwards.
+        # The same-batch entropy change is measured only on request: it costs forwards.
         self.same_batch = SameBatchEntropyChange() if same_batch else None
-        self.entropy = TokenEntropy()
         self.quadrants = QuadrantMass()
         self.forecast = EntropyForecast(window=forecast_window)  # across steps: never reset
         self.gate_rate = GateRate()  # cumulative over the run: the gate on-rate so far
@@ -94,51 +92,37 @@ class TrainTelemetry(nn.Module):
             *([self.tool] if self.tool is not None else []),
         )
 
-    def batch_entropy(self, entropy: Tensor, mask: Tensor) -> float:
-        """H_k: token-mean entropy of the rollout policy over every valid response token of the step, all ranks."""
-        self.entropy.reset()
-        self.entropy.update(entropy, mask)
+    def add_step(self, result) -> None:
+        """A ``StepResult``: every selection applied (per step, optimizer step or micro-batch; the quadrant and
+        selected-fraction metrics are token-weighted means over them), every real micro-batch's loss sums,
+        every optimizer step (its gradient norm, or a skip), the entropy change when measured."""
+        batch, scores = result.batch, result.scores
+        mask = batch.response_mask
         if self.tool is not None:
             after = after_tool_mask(mask)
-            self.entropy_after_tool.update(entropy, after)
-            self.entropy_elsewhere.update(entropy, mask.bool() & ~after)
-        return float(self.entropy.compute()["entropy"])
+            self.entropy_after_tool.update(scores.entropy, after)
+            self.entropy_elsewhere.update(scores.entropy, mask.bool() & ~after)
+        for chosen in result.selections:
+            self.quadrants.update(chosen.advantages, chosen.mask, chosen.phi, chosen.omega, chosen.selected)
+            self.selection.update(chosen.selected, chosen.advantages, chosen.mask)
+        for sums in result.micro_batch_sums:
+            self.clip.update(sums["clip_low"], sums["clip_high"], sums["tokens"])
+            self.loss.update(sums["loss"], sums["pg_loss"], sums.get("kl_sum", 0.0), sums["tokens"])
+        for grad_norm in result.grad_norms:
+            self.loss.update(steps=1)
+            if grad_norm is not None:
+                self.grad_norm.update(grad_norm)
+        if result.entropy_change is not None:
+            realised, first_order = result.entropy_change
+            self.same_batch.update(realised, first_order, batch.advantages, mask, scores.phi)
 
-    def add_selection(
-        self, advantages: Tensor, mask: Tensor, phi: Tensor, omega: Tensor | None, selected: Tensor
-    ) -> None:
-        """A STARE selection the loss applied (or, with STARE off or its gate closed, would have applied).
-
-        Called once per applied selection: per step, per optimizer step or per micro-batch (see
-        ``algorithms.token_weights.selection_timing``); the quadrant and selected-fraction metrics are
-        token-weighted means over the calls of a step.
-        """
-        self.quadrants.update(advantages, mask, phi, omega, selected)
-        self.selection.update(selected, advantages, mask)
-
-    def add_entropy_change(
-        self, realised: Tensor, first_order: Tensor, advantages: Tensor, mask: Tensor, phi: Tensor
-    ) -> None:
-        """The update's entropy change on the step's own tokens (needs ``same_batch=True``)."""
-        self.same_batch.update(realised, first_order, advantages, mask, phi)
-
-    def add_micro_batch(self, stats: Mapping[str, Tensor]) -> None:
-        """The sums ``policy_loss`` reports for one micro-batch (its share of the step loss included)."""
-        self.clip.update(stats["clip_low"], stats["clip_high"], stats["tokens"])
-        self.loss.update(stats["loss"], stats["pg_loss"], stats.get("kl_sum", 0.0), stats["tokens"])
-
-    def add_optimizer_step(self, grad_norm: float | None) -> None:
-        """One optimizer step; ``grad_norm`` None when it was skipped (non-finite)."""
-        self.loss.update(steps=1)
-        if grad_norm is not None:
-            self.grad_norm.update(grad_norm)
-
-    def compute(self, *, batch, stare_params, entropy: float, collection, lr: float) -> dict[str, float]:
+    def compute(self, result, collection, *, lr: float) -> dict[str, float]:
         """All ``train/`` metrics of the step; resets the per-step states.
 
-        ``batch``: the step's ``RolloutBatch``; ``stare_params``: the gate and W/M used; ``collection``:
-        the step's ``Collection``. The selections come from ``add_selection`` calls made before.
+        ``result``: the step runner's ``StepResult``; ``collection``: the step's ``Collection``.
         """
+        self.add_step(result)
+        batch, stare_params, entropy = result.batch, result.params, result.entropy
         mask = batch.response_mask
         stats = collection.stats
         n = collection.correct.shape[1]
@@ -292,6 +276,22 @@ class ValidationTelemetry(nn.Module):
 
 def _module_key(name: str) -> str:
     return name.replace(".", "_")
+
+
+def step_costs(timer, stats, *, tokens: int) -> dict[str, float]:
+    """``train/time/*``, throughput and memory of a step: its ``StepTimer`` (collection's inner phases from the
+    ``CollectionStats``; ``tokens``: every token the trainer processed) and this process's memory after it."""
+    times = timer.metrics(
+        rollout_seconds=stats.generation_seconds,
+        verify_seconds=stats.verify_seconds,
+        tool_seconds=stats.tool_seconds,
+        tokens=tokens,
+    )
+    out = {f"train/{key}": value for key, value in times.items()}
+    device = timer.device
+    out["train/memory/peak_gib"] = peak_memory_gib(device)
+    out["train/memory/current_gib"] = current_memory_gib(device)  # after the step: growth shows here
+    return out
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -7,10 +7,10 @@ the global batch (in global prompt order) are kept until the step has its global
 kept groups are then dealt back to the ranks in near-equal contiguous shares. The step's batch is therefore
 the same for any number of ranks. A generation batch holds ``generation_batch_multiplier`` times the step's
 prompts (the first one the step's own prompts, then fresh draws). Groups are filtered on the shaped reward
-(what the advantages see); under ``semantics=official`` on the verifier's raw score, as the reference code
-filters on accuracy. When ``max_generation_batches`` batches leave the step short, the project trains on the
+(what the advantages see), or with ``dynamic_sampling_metric=score`` on the verifier's raw score, as the reference
+code filters on accuracy. When ``max_generation_batches`` batches leave the step short, the project trains on the
 groups kept (if none survived each rank keeps its last batch unfiltered: its zero advantages give zero
-gradient, and every rank still has rows for the collectives of the update); the official semantics stop the
+gradient, and every rank still has rows for the collectives of the update); ``budget_exhausted=stop`` stops the
 run with an error, as the reference code does.
 """
 
@@ -163,7 +163,7 @@ def collect(
             [item["prompt_ids"] for item in batch_items], params, seeds=prompt_seeds(seed, keys, params.n)
         )
         scored = score_rollouts(batch_items, rollouts, pool, cfg, params.max_new_tokens)
-        zero_std = zero_variance_groups(scored.correct if cfg.semantics == "official" else scored.rewards)
+        zero_std = zero_variance_groups(scored.correct if cfg.dynamic_sampling_metric == "score" else scored.rewards)
         stats.add(scored, zero_std)
         survives = (~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)).tolist()
         flags = distributed.all_gather_objects(survives)  # every rank's groups, in global prompt order
@@ -177,7 +177,7 @@ def collect(
         if stop or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
             break
         batch_items = more_prompts(per_round, stats.generation_batches)
-    if cfg.dynamic_sampling and cfg.semantics == "official" and have < target:
+    if cfg.dynamic_sampling and cfg.budget_exhausted == "stop" and have < target:
         _budget_exhausted(cfg, have, target, stats.generation_batches)
     if have == 0:  # nothing carried signal: keep the last batch so this rank still takes part in the update
         return _kept_collection([(scored, None)], stats, params.n, cfg, pad_token_id)
@@ -199,9 +199,9 @@ def _seed_keys(batch_items: list[dict], generation_batch: int, own: int) -> list
 def _budget_exhausted(cfg: AlgorithmConfig, have: int, target: int, batches: int) -> None:
     raise RuntimeError(
         f"dynamic sampling kept {have} of the step's {target} groups after {batches} generation batches "
-        f"(algorithm.max_generation_batches={cfg.max_generation_batches}); algorithm.semantics=official stops "
-        "here, as the reference code does: raise the budget or algorithm.generation_batch_multiplier, or use "
-        "semantics=project to train on the groups kept"
+        f"(algorithm.max_generation_batches={cfg.max_generation_batches}); algorithm.budget_exhausted=stop "
+        "stops here, as the reference code does: raise the budget or algorithm.generation_batch_multiplier, or "
+        "set algorithm.budget_exhausted=train to train on the groups kept"
     )
 
 

@@ -146,8 +146,8 @@ def _packed_inputs(model: torch.nn.Module, packed: PackedRows) -> dict[str, Tens
         implementation = getattr(model.config, "_attn_implementation", None)
         if implementation not in ("sdpa", "eager"):
             raise ValueError(
-                f"optim.share_prompts=true needs the sdpa or eager attention (an explicit mask); this model uses "
-                f"{implementation!r}: set optim.share_prompts=false"
+                f"forward.share_prompts=true needs the sdpa or eager attention (an explicit mask); this model uses "
+                f"{implementation!r}: set forward.share_prompts=false"
             )
         mask = packed.attention_mask
         if implementation == "eager":  # an additive mask
@@ -234,9 +234,11 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
     if decoder is None or not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        raise ValueError(f"optim.fused_lm_head needs a causal LM with a bias-free linear LM head; {name} has none")
+        raise ValueError(f"forward.fused_lm_head needs a causal LM with a bias-free linear LM head; {name} has none")
     config = getattr(base, "config", None)
     for scaled in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(config, scaled, None) not in (None, 1.0):
-            raise ValueError(f"optim.fused_lm_head cannot reproduce {name}'s {scaled}; set optim.fused_lm_head=false")
+            raise ValueError(
+                f"forward.fused_lm_head cannot reproduce {name}'s {scaled}; set forward.fused_lm_head=false"
+            )
     return decoder, head

@@ -1,10 +1,10 @@
 """The loss of one micro-batch: a forward of the policy, its token weights, and the policy loss.
 
 Losses are normalised by counts over the whole optimizer step on every rank (``step_normalizer``), so
-the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch. Under
-``semantics=official`` a token-mean loss is each micro-batch's own token mean weighted by its share of the
-step's sequences, as the reference trainer (verl 0.7's data-parallel actor) computes it: short and long
-micro-batches then weigh their tokens differently.
+the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch. With
+``algorithm.loss_normalizer=micro_batch`` a token-mean loss is each micro-batch's own token mean weighted by its
+share of the step's sequences, as the reference trainer (verl 0.7's data-parallel actor) computes it: short and
+long micro-batches then weigh their tokens differently.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from stare_lightning.algorithms import (
     selection_timing,
 )
 from stare_lightning.algorithms.stare_controller import StepParams
+from stare_lightning.algorithms.token_weights import SelectionTiming
 from stare_lightning.distributed import all_reduce
 from stare_lightning.step.batch import Experience, RolloutBatch
 from stare_lightning.step.forward import PADDED, ForwardLayout, response_token_stats
@@ -45,26 +46,35 @@ def step_normalizer(
 
 
 def micro_batch_normalizer(part: Experience, step: LossNormalizer, alg: AlgorithmConfig) -> LossNormalizer:
-    """``step`` itself, or under the official semantics' token mean the count that turns ``aggregate_loss`` into
-    (this micro-batch's token mean) x (its sequences / the step's sequences)."""
-    if alg.semantics != "official" or alg.loss_agg != "token-mean":
+    """``step`` itself, or with ``loss_normalizer=micro_batch`` and a token mean the count that turns
+    ``aggregate_loss`` into (this micro-batch's token mean) x (its sequences / the step's sequences)."""
+    if alg.loss_normalizer != "micro_batch" or alg.loss_agg != "token-mean":
         return step
     tokens = part.response_mask.sum()
     rows = part.response_mask.any(-1).sum().clamp(min=1)  # a zero-weight filler micro-batch may have none
     return replace(step, num_tokens=tokens.double() * step.num_sequences / rows)
 
 
+def token_mean(values: Tensor, mask: Tensor, *, device: torch.device) -> float:
+    """The mean of ``values`` over every rank's valid tokens (float64 sums; NaN when there is none)."""
+    valid = mask.to(torch.bool)
+    total = torch.where(valid, values.detach().double(), torch.zeros((), dtype=torch.float64, device=values.device))
+    sums = torch.stack([total.sum(), valid.sum().double()])
+    total_sum, count = all_reduce(sums.to(device), device=device).tolist()
+    return total_sum / count if count else float("nan")
+
+
 def gate_entropy(entropy: Tensor, batch: RolloutBatch, alg: AlgorithmConfig, *, max_response_length: int) -> float:
-    """The entropy that drives STARE's gate, over every rank's rows, aggregated as ``alg.gate_aggregation()``
+    """The entropy that drives STARE's gate, over every rank's rows, aggregated as ``alg.gate_loss_agg()``
     says: the token mean, or like the loss (``aggregate_loss`` under the step's global counts)."""
     normalizer = step_normalizer(batch, max_response_length=max_response_length, device=entropy.device)
     mask = batch.response_mask
-    share = aggregate_loss(entropy.detach().double(), mask, alg.gate_aggregation(), normalizer)
+    share = aggregate_loss(entropy.detach().double(), mask, alg.gate_loss_agg(), normalizer)
     return float(all_reduce(share, device=entropy.device))
 
 
 # Timing, selector and surprisal source of a selection made inside the loss from this forward's Phi.
-SELECTS_BY_PHI = ("micro_batch", "sensitivity", "current")
+SELECTS_BY_PHI = (SelectionTiming.MICRO_BATCH, "sensitivity", "current")
 
 
 @dataclass(frozen=True)
@@ -93,8 +103,8 @@ def micro_batch_loss(
 ) -> MicroBatchLoss:
     """The loss of one micro-batch, with its sums, token statistics and STARE's weights. Without old log-probs
     (on-policy, no scoring pass) this forward's detached log-probs are the old ones (ratio exactly 1), and its
-    statistics, entropy terms included, describe the rollout policy. On-policy official semantics use them
-    even when a scoring pass gave old log-probs (the reference code)."""
+    statistics, entropy terms included, describe the rollout policy. ``on_policy_old_logprobs=forward`` uses
+    them even when a scoring pass gave old log-probs (the reference code)."""
     on_policy_first_pass = part.old_logprobs is None
     # A selection made here by the current policy's sensitivity needs this forward's Phi.
     current_phi = (selection_timing(stare := alg.stare), stare.selector, stare.surprisal_source) == SELECTS_BY_PHI
@@ -103,7 +113,8 @@ def micro_batch_loss(
         with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi,
         with_sensitivity=on_policy_first_pass or current_phi,
     )  # fmt: skip
-    old_logprobs = stats.logprobs.detach() if on_policy_first_pass or alg.detaches_old_logprobs() else part.old_logprobs
+    from_forward = on_policy_first_pass or alg.on_policy_old_logprobs == "forward"  # only on-policy (checked)
+    old_logprobs = stats.logprobs.detach() if from_forward else part.old_logprobs
     stare_omega, stare_selected = micro_batch_stare_weights(
         alg,
         advantages=part.advantages,

@@ -1,11 +1,10 @@
-"""``OptimConfig``: the typed ``optim`` group (optimizer, schedule, micro-batching), checked in ``__post_init__``."""
+"""``OptimConfig``: the typed ``optim`` group (optimizer, schedule, clipping), checked in ``__post_init__``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from stare_lightning.config.checks import choice, flag, number, text
-from stare_lightning.step.forward import ForwardLayout
 
 SCHEDULES = ("constant", "cosine")
 # The optimizers here with a fused (one kernel over all parameters) implementation on CPU and GPU.
@@ -27,16 +26,6 @@ class OptimConfig:
     # CPU, AdamW's step over 135M parameters takes 0.2 s instead of 0.9 s); the same update within fp32 rounding.
     # None (the default): on where the optimizer has one (FUSED_OPTIMIZERS); true insists, false turns it off.
     fused: bool | None = None
-    micro_batch_tokens: int = 8192
-    logprob_chunk_size: int = 1024
-    # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py); the same
-    # losses and gradients as the padded layout (tests/test_step_forward.py), without the padding's compute.
-    packed_sequences: bool = True
-    # With packed_sequences: the samples of one prompt share one copy of it in the forward and backward.
-    share_prompts: bool = True
-    # Log-probs and entropy from the last hidden states and the LM head a chunk at a time: no [tokens, vocab]
-    # logits are held, in the forward or the backward (memory for long responses; a little more compute).
-    fused_lm_head: bool = False
 
     def __post_init__(self) -> None:
         p = "optim."
@@ -59,22 +48,7 @@ class OptimConfig:
                 f"{p}fused=true needs an optimizer with a fused implementation, one of {list(FUSED_OPTIMIZERS)}; "
                 f"{p}optimizer={self.optimizer!r}: set {p}fused=false"
             )
-        number(f"{p}micro_batch_tokens", self.micro_batch_tokens, low=1, integer=True)
-        number(f"{p}logprob_chunk_size", self.logprob_chunk_size, low=1, integer=True)
-        flag(f"{p}packed_sequences", self.packed_sequences)
-        flag(f"{p}fused_lm_head", self.fused_lm_head)
-        flag(f"{p}share_prompts", self.share_prompts)
-        if self.share_prompts and not self.packed_sequences:
-            raise ValueError(
-                f"{p}share_prompts=true does nothing without {p}packed_sequences=true: prompts are shared inside "
-                "a packed sequence; set both"
-            )
 
     def use_fused(self) -> bool:
         """Whether the optimizer is built with its fused implementation."""
         return self.optimizer in FUSED_OPTIMIZERS if self.fused is None else self.fused
-
-    def forward_layout(self) -> ForwardLayout:
-        return ForwardLayout(
-            packed=self.packed_sequences, fused_head=self.fused_lm_head, share_prompts=self.share_prompts
-        )

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from stare_lightning import distributed
 from stare_lightning.config.instantiate import safe_instantiate
 from stare_lightning.trainer.config import OptimConfig
 
@@ -46,3 +47,26 @@ def build_optimizer(
         min_lr_ratio=cfg.min_lr_ratio,
     )
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def clip_and_step(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    model: torch.nn.Module,
+    *,
+    grad_clip: float,
+    finite: bool,
+    device: torch.device | None = None,
+) -> float | None:
+    """Clip ``model``'s gradients to ``grad_clip`` (0: no clipping), then step unless any rank saw a non-finite
+    loss (``finite`` False) or gradient norm; the gradients are cleared and the schedule advances either way.
+    Returns the gradient norm before clipping, or None when every rank skipped the step."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under FSDP2
+    stepped = distributed.all_ranks_agree(finite and math.isfinite(grad_norm), device)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return grad_norm if stepped else None

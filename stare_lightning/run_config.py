@@ -1,10 +1,11 @@
-"""Typed schemas for every config group, checked before anything expensive starts.
+"""The run's typed schema, assembled from every config group's, checked before anything expensive starts.
 
 Hydra composes YAML from ``conf/``; ``to_run_config`` merges it onto these dataclasses, so an unknown key
 or a wrongly typed value fails with the key's full name, and each ``__post_init__`` checks ranges and
 choices (with the helpers of ``config/checks.py``). Each group's schema lives in its package
-(``algorithms/config.py``, ``data/config.py``, ``models/config.py``, ``rollout/config.py``, ``tools/config.py``,
-``trainer/config.py``); this module assembles them into ``RunConfig``. Groups whose entries are plain
+(``algorithms/config.py``, ``data/config.py``, ``metrics/config.py``, ``models/config.py``, ``rollout/config.py``,
+``step/config.py``, ``tools/config.py``, ``trainer/config.py``); this module, at the top of the package next to
+``train.py``, assembles them into ``RunConfig`` and checks what spans groups. Groups whose entries are plain
 constructor calls (trainer, callbacks, logger) keep their ``_target_`` form and are checked by
 ``safe_instantiate``'s allow-list instead.
 """
@@ -19,34 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from stare_lightning.algorithms.config import AlgorithmConfig
 from stare_lightning.config.checks import flag, number
 from stare_lightning.data.config import DataConfig
+from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
 from stare_lightning.models.config import ModelConfig
 from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.step.config import ForwardConfig
 from stare_lightning.tools.config import ToolsConfig
 from stare_lightning.trainer.config import OptimConfig
-
-
-@dataclass
-class ValidationConfig:
-    pass_k: list[int] = field(default_factory=lambda: [1, 4])
-    reflection_words: list[str] | None = None  # None: the default list of the metrics package
-    before_fit: bool = True  # validate the starting policy so the summary shows the gain
-
-    def __post_init__(self) -> None:
-        if not self.pass_k:
-            raise ValueError("validation.pass_k=[] is not allowed: list at least one k >= 1")
-        for i, k in enumerate(self.pass_k):
-            number(f"validation.pass_k[{i}]", k, low=1, integer=True)
-        flag("validation.before_fit", self.before_fit)
-
-
-@dataclass
-class TelemetryConfig:
-    # After each update, a no-grad pass over the step's batch: the entropy change on the same tokens, realised
-    # and to first order (two extra forwards, and the step's response logits kept meanwhile).
-    same_batch_entropy: bool = False
-
-    def __post_init__(self) -> None:
-        flag("telemetry.same_batch_entropy", self.same_batch_entropy)
 
 
 @dataclass
@@ -65,6 +44,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    forward: ForwardConfig = field(default_factory=ForwardConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
@@ -106,9 +86,9 @@ class RunConfig:
                 f"(trainer.strategy={target}): LoRA here is single-process or DDP (trainer=gpu, trainer=ddp); "
                 "set model.lora.rank=0 for FSDP2"
             )
-        if self.optim.fused_lm_head and self.telemetry.same_batch_entropy:
+        if self.forward.fused_lm_head and self.telemetry.same_batch_entropy:
             raise ValueError(
-                "optim.fused_lm_head=true never forms the logits, but telemetry.same_batch_entropy=true compares "
+                "forward.fused_lm_head=true never forms the logits, but telemetry.same_batch_entropy=true compares "
                 "the full logits before and after the update; set one of them false"
             )
         offload = isinstance(strategy, dict) and strategy.get("cpu_offload", False)

@@ -1,0 +1,42 @@
+"""Named implementations of the loss's pluggable parts: advantage estimators, policy losses, entropy controls.
+
+Each part is a ``Registry``; an implementation is a function registered under the name its config key takes
+(``algorithm.advantage``, ``algorithm.policy_loss``, ``algorithm.entropy_control``). Adding one is the function,
+its ``@REGISTRY.register("name")`` line, and a YAML file in ``conf/algorithm`` that selects it: the config check
+and the dispatch read the registry, so nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+Fn = TypeVar("Fn", bound=Callable)
+
+__all__ = ["Registry"]
+
+
+class Registry(Generic[Fn]):
+    def __init__(self, key: str) -> None:
+        self.key = key  # the config key that names an entry, for error messages
+        self._entries: dict[str, Fn] = {}
+
+    def register(self, name: str) -> Callable[[Fn], Fn]:
+        def add(fn: Fn) -> Fn:
+            if name in self._entries:
+                raise ValueError(f"{self.key}: {name!r} is registered twice ({self._entries[name].__qualname__})")
+            self._entries[name] = fn
+            return fn
+
+        return add
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __getitem__(self, name: str) -> Fn:
+        if name not in self._entries:
+            raise ValueError(f"{self.key}={name!r} is not allowed: choose one of [{', '.join(self._entries)}]")
+        return self._entries[name]

@@ -1,0 +1,287 @@
+"""One training step without Lightning: collect, then score -> gate -> select -> update, for every algorithm.
+
+``StepRunner`` is handed what it works on (the policy, the optional reference model, STARE's controller and the
+adaptive entropy coefficient, whose state the caller keeps and checkpoints) and the two things the trainer does
+its own way: ``backward`` and ``optimizer_step`` (clip, then step or skip; it returns the gradient norm, or None
+when it skipped). Every decision comes from the ``StepPlan``. The runner returns a ``StepResult`` for telemetry
+to log; it neither logs nor reads telemetry.
+
+The stages: ``collect`` rolls out through the injected sampler, verifies, computes advantages and filters
+groups; ``learn`` then scores the batch with a no-grad pass of the rollout policy (when the plan has one), lets
+the gate take its step on the batch entropy, makes STARE's step-wide selection (timings ``step`` and
+``optimizer_step``) and runs the update: ``ppo_epochs x mini_batches`` optimizer steps, each over token-budget
+micro-batches. A plan without a scoring pass has nothing that acts on the gate or the selection (plain on-policy
+GRPO: no controller, no adaptive coefficient); the update's first forward scores the batch, and the gate and the
+selection made from it afterwards only describe what STARE would have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from stare_lightning import distributed
+from stare_lightning.algorithms import AdaptiveEntropyCoefficient, AlgorithmConfig, STAREController, step_selection
+from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
+from stare_lightning.rewards.pool import VerifierPool
+from stare_lightning.rollout.base import RolloutEngine, SamplingParams
+from stare_lightning.step.batch import Experience, RolloutBatch, micro_batches, mini_batch_rows
+from stare_lightning.step.collect import Collection, collect
+from stare_lightning.step.loss import MicroBatchLoss, gate_entropy, micro_batch_loss, step_normalizer, token_mean
+from stare_lightning.step.plan import StepPlan
+from stare_lightning.step.scoring import (
+    TokenScores,
+    response_logits,
+    same_batch_entropy_change,
+    score_batch,
+    scores_from_logits,
+)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One STARE selection, as a loss applied it (or, with STARE off or its gate closed, would have)."""
+
+    advantages: Tensor
+    mask: Tensor
+    phi: Tensor
+    omega: Tensor | None  # None: every weight 1
+    selected: Tensor  # bool [rows, width]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did: the batch it trained on, the rollout policy's statistics, the gate and what the update
+    reports (every selection applied, each real micro-batch's loss sums, each optimizer step's gradient norm)."""
+
+    batch: RolloutBatch
+    scores: TokenScores
+    entropy: float  # H_k: token mean over every rank's response tokens
+    params: StepParams
+    selections: list[Selection]
+    micro_batch_sums: list[dict[str, Tensor]]  # ``policy_loss``'s sums and the micro-batch's ``loss``
+    grad_norms: list[float | None]  # per optimizer step; None: skipped (non-finite)
+    entropy_change: tuple[Tensor, Tensor] | None = None  # (realised, first-order) on the step's own tokens
+
+
+@dataclass
+class _Update:
+    """What the update loop gathers as it goes."""
+
+    selections: list[Selection]
+    micro_batch_sums: list[dict[str, Tensor]]
+    grad_norms: list[float | None]
+    first_pass: TokenScores | None = None
+
+
+class StepRunner:
+    def __init__(
+        self,
+        plan: StepPlan,
+        algorithm: AlgorithmConfig,
+        *,
+        verifiers: VerifierPool,
+        sampling: SamplingParams,
+        pad_token_id: int,
+        policy: torch.nn.Module,
+        optimizer_step: Callable[[bool], float | None],
+        backward: Callable[[Tensor], None] = Tensor.backward,
+        reference: torch.nn.Module | None = None,
+        controller: STAREController | None = None,
+        entropy_coefficient: AdaptiveEntropyCoefficient | None = None,
+        device: torch.device | None = None,
+        world_size: int = 1,
+        same_batch_entropy: bool = False,
+    ) -> None:
+        self.plan, self.algorithm = plan, algorithm
+        self.verifiers, self.sampling, self.pad_token_id = verifiers, sampling, pad_token_id
+        self.policy, self.reference = policy, reference
+        self.optimizer_step, self.backward = optimizer_step, backward
+        self.controller, self.entropy_coefficient = controller, entropy_coefficient
+        self.device = device or torch.device("cpu")
+        self.world_size = world_size
+        self.same_batch_entropy = same_batch_entropy
+
+    def collect(
+        self,
+        prompts: list[dict],
+        sampler: RolloutEngine,
+        *,
+        seed: int,
+        more_prompts: Callable[[int, int], list[dict]] | None = None,
+    ) -> Collection:
+        """The step's rollouts from ``sampler``, verified, with advantages, filtered (``step.collect``);
+        ``more_prompts(count, attempt)`` draws the prompts of further generation batches."""
+        return collect(
+            prompts,
+            sampler,
+            self.verifiers,
+            self.sampling,
+            self.algorithm,
+            pad_token_id=self.pad_token_id,
+            more_prompts=more_prompts,
+            seed=seed,
+        )
+
+    def learn(self, collection: Collection, *, seed: int, lap: Callable[[str], None] = lambda _: None) -> StepResult:
+        """Score, gate, select and update on ``collection``'s batch. ``seed``: the same on every rank (it orders
+        the mini-batches); ``lap(phase)``: called as each phase ends, for a step timer."""
+        batch = collection.batch.to(self.device)
+        logits_before = self._response_logits(batch) if self.same_batch_entropy else None
+        lap("telemetry")
+        scores = self._score(batch, logits_before) if self.plan.scoring_pass else None
+        entropy, params = self._gate(scores, batch) if scores is not None else (float("nan"), GRPO_PARAMS)
+        experience = self._experience(batch, scores, params)
+        lap("score")
+        update = self._update(experience, params, seed)
+        lap("update")
+        selections = update.selections
+        if scores is None:  # the update's first forward scored the batch; what STARE would have done, for telemetry
+            scores = update.first_pass
+            entropy, params = self._gate(scores, batch)
+            selections = [self._selection(scores, batch, params)]
+        change = None
+        if logits_before is not None:
+            change = same_batch_entropy_change(self.policy, batch, logits_before, **self.plan.pass_options())
+        lap("telemetry")
+        return StepResult(
+            batch=batch,
+            scores=scores,
+            entropy=entropy,
+            params=params,
+            selections=selections,
+            micro_batch_sums=update.micro_batch_sums,
+            grad_norms=update.grad_norms,
+            entropy_change=change,
+        )
+
+    # ------------------------------------------------------------------------------------ score, gate, select
+    def _response_logits(self, batch: RolloutBatch) -> list[Tensor]:
+        forward = self.plan.forward
+        return response_logits(self.policy, batch, micro_batch_tokens=forward.micro_batch_tokens, layout=forward.layout)
+
+    def _score(self, batch: RolloutBatch, logits: list[Tensor] | None) -> TokenScores:
+        """The scoring pass: from the logits the same-batch telemetry already holds, else a forward."""
+        if logits is not None:
+            return scores_from_logits(logits, batch, **self.plan.pass_options())
+        return score_batch(self.policy, batch, **self.plan.pass_options())
+
+    def _gate(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
+        """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step,
+        STARE's on the entropy aggregated as the plan says."""
+        entropy = token_mean(scores.entropy, batch.response_mask, device=self.device)
+        if self.entropy_coefficient is not None:
+            self.entropy_coefficient.update(entropy)
+        if self.controller is None:
+            return entropy, GRPO_PARAMS
+        gate_value = entropy
+        if self.plan.gate_aggregation != "token-mean":
+            gate_value = gate_entropy(
+                scores.entropy, batch, self.algorithm, max_response_length=self.plan.max_response_length
+            )
+        return entropy, self.controller.update(gate_value)
+
+    def _selection(self, scores: TokenScores, batch: RolloutBatch, params: StepParams) -> Selection:
+        """STARE's selection over the step's batch (gathered across ranks inside ``step_selection``)."""
+        omega, stats = step_selection(
+            scores.logprobs,
+            batch.advantages,
+            batch.response_mask,
+            scores.phi,
+            self.algorithm,
+            params,
+            group_size=self.plan.group_size,
+        )
+        return Selection(batch.advantages, batch.response_mask, scores.phi, omega, stats.selected)
+
+    def _experience(self, batch: RolloutBatch, scores: TokenScores | None, params: StepParams) -> Experience:
+        """The batch with every per-token input of the loss; with timing ``micro_batch`` the loss selects."""
+        if scores is None:
+            return Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
+        selection = None if self.plan.selection == "micro_batch" else self._selection(scores, batch, params)
+        return Experience.build(
+            batch,
+            old_logprobs=scores.logprobs,
+            phi=scores.phi,
+            stare_weights=selection.omega if selection else None,
+            stare_selected=selection.selected if selection else None,
+        )
+
+    def _reselect(self, experience: Experience, params: StepParams) -> Experience:
+        """The step's selection made again by the policy as it is now (timing ``optimizer_step``)."""
+        scores = score_batch(self.policy, experience, **self.plan.pass_options())
+        selection = self._selection(scores, experience, params)
+        return replace(experience, stare_weights=selection.omega, stare_selected=selection.selected)
+
+    # ----------------------------------------------------------------------------------------------- update
+    def _update(self, experience: Experience, params: StepParams, seed: int) -> _Update:
+        """``ppo_epochs x mini_batches`` optimizer steps on ``experience``, each over token-budget micro-batches.
+
+        Ranks with fewer micro-batches (or none in a mini-batch) run a zero-weight filler micro-batch, so every
+        rank runs the same forward/backward collectives. A non-finite loss on any rank skips the optimizer step.
+        """
+        plan, forward = self.plan, self.plan.forward
+        budget, packed = forward.micro_batch_tokens, forward.layout.packed
+        generator = torch.Generator().manual_seed(seed)
+        offset, total_rows = distributed.row_offset(experience.num_rows, self.device)
+        filler = next(micro_batches(experience.select(slice(0, 1)), budget, packed=packed))
+        record = _Update(selections=[], micro_batch_sums=[], grad_norms=[])
+        first_pass = [] if experience.old_logprobs is None else None
+        for _ in range(plan.ppo_epochs):
+            for rows in mini_batch_rows(
+                experience.num_rows, plan.mini_batches, generator, offset=offset, total_rows=total_rows
+            ):
+                if plan.reselect and params.gate_on and record.grad_norms:  # not before the first optimizer step
+                    experience = self._reselect(experience, params)
+                mini = experience.select(rows.to(experience.input_ids.device))
+                normalizer = step_normalizer(mini, max_response_length=plan.max_response_length, device=self.device)
+                parts = list(micro_batches(mini, budget, packed=packed))
+                count = torch.tensor(float(len(parts)))
+                steps = int(distributed.all_reduce(count, dist.ReduceOp.MAX, self.device))
+                finite = True
+                for step in range(steps):
+                    real = step < len(parts)
+                    part = parts[step] if real else filler
+                    result = self._micro_batch_loss(part, normalizer, params)
+                    loss = result.loss
+                    if not torch.isfinite(loss):
+                        finite = False
+                        loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
+                    self.backward(loss * (float(real) * self.world_size))
+                    if real:
+                        self._record(record, part, result, loss, first_pass)
+                record.grad_norms.append(self.optimizer_step(finite))
+        if first_pass:
+            record.first_pass = TokenScores.from_micro_batches(first_pass, experience.response_width)
+        return record
+
+    def _micro_batch_loss(self, part: Experience, normalizer, params: StepParams) -> MicroBatchLoss:
+        coefficient = self.entropy_coefficient
+        forward = self.plan.forward
+        return micro_batch_loss(
+            self.policy,
+            self.reference,
+            part,
+            normalizer,
+            self.algorithm,
+            params=params,
+            entropy_coef=coefficient.coef if coefficient is not None else self.algorithm.entropy_coef,
+            temperature=forward.temperature,
+            chunk_size=forward.chunk_size,
+            layout=forward.layout,
+        )
+
+    @staticmethod
+    def _record(record: _Update, part: Experience, result: MicroBatchLoss, loss: Tensor, first_pass) -> None:
+        """What one real micro-batch reports; its token statistics join ``first_pass`` when one is kept."""
+        record.micro_batch_sums.append({**result.sums, "loss": loss.detach()})
+        if result.stare_selected is not None:  # the selection this micro-batch's loss applied
+            record.selections.append(
+                Selection(part.advantages, part.response_mask, part.phi, result.stare_omega, result.stare_selected)
+            )
+        if first_pass is not None:
+            first_pass.append(result.token_stats)
