@@ -16,6 +16,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its node id (pytest-xdist
+    adds it); if it does not, the group's tests would be split across workers and each would repeat the group's
+    expensive setup (a cold start, an engine), so stop before anything runs."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "loadgroup", False):
+        return
+    split = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if split:
+        raise pytest.UsageError(
+            f"pytest-xdist did not tag {len(split)} xdist_group tests (e.g. {split[0]}) with their group: this "
+            "pytest is too new for the installed pytest-xdist; install the dev extra's pins (pip install -e '.[dev]')"
+        )
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory):
     """One model cache for the whole session, shared by the xdist workers (a warm-up is cached under a file lock,
