@@ -35,6 +35,7 @@ BUDGET_EXHAUSTED = ("train", "stop")  # dynamic sampling out of generation batch
 GATE_AGGREGATIONS = ("token-mean", "like_loss")  # the entropy the gate compares to its target
 LOSS_NORMALIZERS = ("step", "micro_batch")  # token-mean over the step's tokens, or per micro-batch (reference)
 OLD_LOGPROB_SOURCES = ("scoring_pass", "forward")  # on-policy: the no-grad pass, or the update's forward, detached
+MICRO_BATCH_PARTITIONS = ("consecutive", "balanced")  # rows up to the token budget, or the reference's balanced split
 
 
 @dataclass
@@ -127,6 +128,7 @@ class AlgorithmConfig:
     gate_aggregation: str = "token-mean"  # token-mean | like_loss: the entropy STARE's gate reads
     loss_normalizer: str = "step"  # step | micro_batch: the token-mean's denominator
     on_policy_old_logprobs: str = "scoring_pass"  # scoring_pass | forward: old log-probs of an on-policy step
+    micro_batch_partition: str = "consecutive"  # consecutive | balanced: which rows share an update micro-batch
     overlong_buffer: int = 0  # 0 = off
     overlong_penalty_factor: float = 1.0
     ppo_epochs: int = 1
@@ -202,6 +204,7 @@ class AlgorithmConfig:
         choice(f"{p}gate_aggregation", self.gate_aggregation, GATE_AGGREGATIONS)
         choice(f"{p}loss_normalizer", self.loss_normalizer, LOSS_NORMALIZERS)
         choice(f"{p}on_policy_old_logprobs", self.on_policy_old_logprobs, OLD_LOGPROB_SOURCES)
+        choice(f"{p}micro_batch_partition", self.micro_batch_partition, MICRO_BATCH_PARTITIONS)
         if self.budget_exhausted != "train" and not self.dynamic_sampling:
             raise ValueError(
                 f"{p}budget_exhausted={self.budget_exhausted!r} does nothing without dynamic sampling: set "

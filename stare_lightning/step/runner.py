@@ -32,6 +32,7 @@ from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.step.batch import Experience, RolloutBatch, micro_batches, mini_batch_rows
 from stare_lightning.step.collect import Collection, collect
 from stare_lightning.step.loss import MicroBatchLoss, gate_entropy, micro_batch_loss, step_normalizer, token_mean
+from stare_lightning.step.partition import balanced_micro_batches
 from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.scoring import (
     TokenScores,
@@ -239,7 +240,7 @@ class StepRunner:
                     experience = self._reselect(experience, params)
                 mini = experience.select(rows.to(experience.input_ids.device))
                 normalizer = step_normalizer(mini, max_response_length=plan.max_response_length, device=self.device)
-                parts = list(micro_batches(mini, budget, packed=packed))
+                parts = self._micro_batches(mini)
                 count = torch.tensor(float(len(parts)))
                 steps = int(distributed.all_reduce(count, dist.ReduceOp.MAX, self.device))
                 finite = True
@@ -258,6 +259,12 @@ class StepRunner:
         if first_pass:
             record.first_pass = TokenScores.from_micro_batches(first_pass, experience.response_width)
         return record
+
+    def _micro_batches(self, mini: Experience) -> list[Experience]:
+        forward = self.plan.forward
+        if self.plan.balanced_micro_batches:
+            return balanced_micro_batches(mini, forward.micro_batch_tokens, self.device)
+        return list(micro_batches(mini, forward.micro_batch_tokens, packed=forward.layout.packed))
 
     def _micro_batch_loss(self, part: Experience, normalizer, params: StepParams) -> MicroBatchLoss:
         coefficient = self.entropy_coefficient
