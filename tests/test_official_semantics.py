@@ -153,3 +153,29 @@ def test_official_old_logprobs_are_the_detached_current_ones_only_on_policy():
     assert official_config().on_policy_old_logprobs == "forward"
     with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
         official_config(ppo_epochs=2)
+
+
+def test_the_reference_k_rule_and_the_gate_before_any_measurement():
+    """k = int(P n + 0.999999) (the reference code) against ceil(P n) (the project): apart only when P n lies
+    within 1e-6 above an integer, here P n = 1.0000005; the reference controller's gate starts open."""
+    from stare_lightning.algorithms import stare_weights_for_scope
+
+    logprobs = -torch.arange(1.0, 11.0).view(1, 10)  # ten T+ tokens, surprisal 1..10
+    mask = torch.ones(1, 10, dtype=torch.bool)
+    picked = {}
+    for rounding in ("ceil", "reference"):
+        _, stats = stare_weights_for_scope(
+            logprobs, torch.ones(1), mask, scope="micro_batch", top_ratio=0.10000005, w=W, k_rounding=rounding
+        )
+        picked[rounding] = int(stats.selected_pos)
+    assert picked == {"ceil": 2, "reference": 1}
+    assert official_config().stare.k_rounding == "reference"
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        assert official_config().stare.make_controller().update(float("nan")).gate_on
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        assert (
+            not dataclasses.replace(official_config().stare, gate_starts_open=False)
+            .make_controller()
+            .update(float("nan"))
+            .gate_on
+        )

@@ -56,6 +56,8 @@ class STAREConfig:
     w_max: float = 1.5
     m_min: float = 0.5
     timing: str = "next_step"  # next_step (paper) | same_step (reference code)
+    k_rounding: str = "ceil"  # ceil: k = ceil(P n) | reference: int(P n + 0.999999), the reference code's
+    gate_starts_open: bool = False  # the gate before the first measurement (the reference code starts open)
 
     def __post_init__(self) -> None:
         p = "algorithm.stare."
@@ -73,6 +75,8 @@ class STAREConfig:
         number(f"{p}w_max", self.w_max, low=1.0)
         number(f"{p}m_min", self.m_min, low=0.0, high=1.0, low_open=True)
         choice(f"{p}timing", self.timing, STARE_TIMINGS)
+        choice(f"{p}k_rounding", self.k_rounding, ("ceil", "reference"))
+        flag(f"{p}gate_starts_open", self.gate_starts_open)
         if self.adaptive:
             number(f"{p}w", self.w, low=1.0, high=self.w_max)
             number(f"{p}m", self.m, low=self.m_min, high=1.0)
@@ -88,6 +92,7 @@ class STAREConfig:
             w_max=self.w_max,
             m_min=self.m_min,
             timing=self.timing,
+            gate_starts_open=self.gate_starts_open,
         )
 
     def needs_sensitivity(self) -> bool:

@@ -12,7 +12,9 @@ Conventions this module fixes where the paper leaves room:
 - P = 0 selects nothing (the max(1, .) floor applies only for P > 0); an empty set selects nothing.
 - Ties in the ranking score are broken by position: the earlier token in row-major order of the
   batch (rank order first when gathered across ranks) wins. Ceil(P |T|) is computed with a 1e-7
-  tolerance so that, e.g., 0.1 * 30 gives 3, not 4.
+  tolerance so that, e.g., 0.1 * 30 gives 3, not 4; ``k_rounding="reference"`` takes the reference code's
+  int(P |T| + 0.999999) instead (the two differ only when P |T| lies within 1e-6 above an integer). The
+  reference code's order among exactly tied scores (``torch.topk``'s) is unspecified and is not reproduced.
 - Weights are 1 at masked positions (the loss masks them anyway; 1 keeps "all ones = GRPO").
 - The selection is computed even when the gate is off (for telemetry); only the weights ignore it.
 
@@ -81,10 +83,11 @@ class _Rule:
     m: float = 0.9
     gate_on: bool = True
     selector: str = "surprisal"
+    k_rounding: str = "ceil"  # ceil: ceil(P n) (1e-7 tolerance); reference: int(P n + 0.999999), the reference code's
 
 
 def _select_top(
-    scores: Tensor, adv: Tensor, seg: Tensor | None, num_seg: int, top_ratio: float
+    scores: Tensor, adv: Tensor, seg: Tensor | None, num_seg: int, top_ratio: float, k_rounding: str = "ceil"
 ) -> tuple[Tensor, Tensor]:
     """L+ and L- membership (bool [N]) over a 1-D stream of valid tokens, selected within each segment.
 
@@ -105,7 +108,9 @@ def _select_top(
     seg_sorted = seg[order]
     for member, out in ((adv > 0, sel_pos), (adv < 0, sel_neg)):
         counts = torch.bincount(seg[member], minlength=num_seg)
-        k = torch.ceil(counts.to(torch.float64) * top_ratio - _CEIL_TOL).clamp(min=1).to(torch.long)
+        share = counts.to(torch.float64) * top_ratio
+        k = torch.floor(share + 0.999999) if k_rounding == "reference" else torch.ceil(share - _CEIL_TOL)
+        k = k.clamp(min=1).to(torch.long)
         k = torch.minimum(k, counts)
         first = torch.cumsum(counts, 0) - counts  # members in earlier segments
         m_sorted = member[order]
@@ -195,15 +200,17 @@ def _part_results(
 
 
 def _select(
-    stream: _Stream, num_seg: int, top_ratio: float, gather: Callable[[Tensor], Tensor] | None, rank: int | None
+    stream: _Stream, num_seg: int, rule: _Rule, gather: Callable[[Tensor], Tensor] | None, rank: int | None
 ) -> tuple[Tensor, Tensor]:
     """Select within each segment locally, or (``gather`` given) over all ranks' streams concatenated."""
     if gather is None:
-        return _select_top(stream.scores, stream.advantages, stream.segments, num_seg, top_ratio)
+        return _select_top(stream.scores, stream.advantages, stream.segments, num_seg, rule.top_ratio, rule.k_rounding)
     n_local = stream.scores.numel()
     lengths = gather(torch.tensor([n_local], dtype=torch.float64, device=stream.scores.device))
     offset = int(lengths[: global_rank() if rank is None else rank].sum().item())
-    sel_pos, sel_neg = _select_top(gather(stream.scores), gather(stream.advantages), None, 1, top_ratio)
+    sel_pos, sel_neg = _select_top(
+        gather(stream.scores), gather(stream.advantages), None, 1, rule.top_ratio, rule.k_rounding
+    )
     return sel_pos[offset : offset + n_local], sel_neg[offset : offset + n_local]
 
 
@@ -219,7 +226,8 @@ def stare_token_weights(
 
     logprobs: [B, T] log pi(o) (surprisal = -logprobs); advantages: [B] or [B, T]; mask: [B, T];
     sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first).
-    ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal").
+    ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal"),
+    k_rounding ("ceil"; "reference": the reference code's int(P n + 0.999999)).
     """
     return stare_weights_for_scope(logprobs, advantages, mask, scope="micro_batch", sensitivity=sensitivity, **rule)
 
@@ -285,6 +293,6 @@ def stare_weights_for_scope(
     with torch.no_grad():
         stream = _stream(lps, advs, masks, sens, rule.selector, seg_of_row, num_seg, device)
         step_gather = (gather or gather_variable_length) if scope == "step" else None
-        sel_pos, sel_neg = _select(stream, num_seg, rule.top_ratio, step_gather, rank)
+        sel_pos, sel_neg = _select(stream, num_seg, rule, step_gather, rank)
         weights, stats = _part_results(stream, sel_pos, sel_neg, rule)
     return (weights[0], stats[0]) if single else (weights, stats)

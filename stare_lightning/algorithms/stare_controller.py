@@ -57,6 +57,7 @@ class STAREController:
         w_max: float = 1.5,
         m_min: float = 0.5,
         timing: str = "next_step",
+        gate_starts_open: bool = False,
     ) -> None:
         self.target_entropy = float(target_entropy)
         self.adaptive = bool(adaptive)
@@ -66,9 +67,10 @@ class STAREController:
         self.timing = timing
         self.w = float(w)
         self.m = float(m)
-        self.gate_on = False
+        # What a step gets before any finite entropy was measured (the reference code starts open).
+        self.gate_on = bool(gate_starts_open)
         self.last_entropy: float | None = None
-        self.last_params = StepParams(gate_on=False, w=self.w, m=self.m)
+        self.last_params = StepParams(gate_on=self.gate_on, w=self.w, m=self.m)
         self.num_updates = 0
 
     def update(self, entropy: float | Tensor) -> StepParams:

@@ -85,6 +85,7 @@ def step_selection(
         m=params.m,
         gate_on=True,
         selector=stare.selector,
+        k_rounding=stare.k_rounding,
         sensitivity=phi,
     )
     return (omega if stare.enabled and params.gate_on else None), stats
@@ -123,6 +124,7 @@ def micro_batch_stare_weights(
         m=params.m,
         gate_on=params.gate_on,
         selector=stare.selector,
+        k_rounding=stare.k_rounding,
         sensitivity=phi,
     )
     return (omega if params.gate_on else None), stats.selected
