@@ -51,16 +51,22 @@ def _gspo_reference(current, old, advantages, mask, low, high, omega=None):
     return total / sum(1 for i in range(current.shape[0]) if mask[i].any())
 
 
+def _loss_and_gradient(name, batch, clip, aggregation, weights):
+    """The registered loss ``name`` aggregated over ``batch``: (loss, its gradient in the log-probs, clip counts)."""
+    current, old, advantages, mask = batch
+    per_token, stats = POLICY_LOSSES[name](current, old, advantages, mask, clip, token_weights=weights)
+    loss = aggregate_loss(per_token, mask, aggregation, LossNormalizer.from_mask(mask))
+    (grad,) = torch.autograd.grad(loss, current)
+    return loss, grad, stats
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gspo_is_the_sequence_level_objective(weighted):
     current, old, advantages, mask, omega = _batch(spread=0.05)
     low, high = 0.02, 0.03  # some sequences clipped, some not, at this spread
     weights = omega if weighted else None
-    per_token, stats = POLICY_LOSSES["gspo"](
-        current, old, advantages, mask, ClipRange(low, high), token_weights=weights
-    )
-    loss = aggregate_loss(per_token, mask, "seq-mean-token-mean", LossNormalizer.from_mask(mask))
-    (grad,) = torch.autograd.grad(loss, current)
+    batch = (current, old, advantages, mask)
+    loss, grad, stats = _loss_and_gradient("gspo", batch, ClipRange(low, high), "seq-mean-token-mean", weights)
     want = _gspo_reference(current, old, advantages, mask, low, high, weights)
     (want_grad,) = torch.autograd.grad(want, current)
     if not weighted:
@@ -86,11 +92,8 @@ def test_cispo_keeps_every_token_and_clips_only_the_weight(weighted):
     current, old, advantages, mask, omega = _batch(spread=0.4)
     low, high = 1.0, 0.2
     weights = omega if weighted else None
-    per_token, stats = POLICY_LOSSES["cispo"](
-        current, old, advantages, mask, ClipRange(low, high), token_weights=weights
-    )
-    loss = aggregate_loss(per_token, mask, "token-mean", LossNormalizer.from_mask(mask))
-    (grad,) = torch.autograd.grad(loss, current)
+    batch = (current, old, advantages, mask)
+    loss, grad, stats = _loss_and_gradient("cispo", batch, ClipRange(low, high), "token-mean", weights)
     want = _cispo_reference(current, old, advantages, mask, low, high, weights)
     (want_grad,) = torch.autograd.grad(want, current)
     assert float(loss) == pytest.approx(float(want.detach()), abs=1e-12)

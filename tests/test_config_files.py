@@ -41,11 +41,7 @@ def _own(path: Path) -> dict:
 def _composed(group: str, name: str):
     """The group file ``name`` with its parents, merged onto the schema (as Hydra composes a group option)."""
     path = CONF / group / f"{name}.yaml"
-    parents = [d for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if d != "_self_"]
-    base = OmegaConf.structured(TYPED_GROUPS[group])
-    for parent in parents:
-        base = OmegaConf.merge(base, _composed(group, parent))
-    return OmegaConf.merge(base, _own(path))
+    return OmegaConf.merge(_baseline(group, path), _own(path))
 
 
 def _leaves(tree: dict, prefix: str = ""):
@@ -57,8 +53,11 @@ def _leaves(tree: dict, prefix: str = ""):
 
 
 def _baseline(group: str, path: Path):
+    """What the group file at ``path`` starts from: the schema with its defaults-list parents merged on."""
     parents = [d for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if d != "_self_"]
-    base = OmegaConf.structured(TYPED_GROUPS[group])
+    # The group's node inside the run schema, as Hydra merges onto it (its dataclass instance, after its
+    # __post_init__: e.g. model.lora is null there, not a rank-0 LoraConfig).
+    base = OmegaConf.structured(RunConfig)[group]
     for parent in parents:
         base = OmegaConf.merge(base, _composed(group, parent))
     return base
