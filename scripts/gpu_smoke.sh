@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke test (a few minutes): a bf16 FSDP2 fit (FSDP2 MixedPrecisionPolicy, fp32 master weights) of
-# SmolLM2-135M-Instruct with colocated vLLM rollouts for a few steps on every visible GPU, twice: as configured,
-# then with the memory levers on (vLLM sleep mode during the update, packed micro-batches, the fused LM head).
+# SmolLM2-135M-Instruct with colocated vLLM rollouts for a few steps on every visible GPU, three times: as
+# configured; with the memory levers on (vLLM sleep mode during the update, packed micro-batches, the fused LM
+# head); and in fp16 as the reference code trains (trainer.strategy.param_dtype=float16, i.e. trainer=fsdp_fp16:
+# fp16 compute and rollout engine, the dynamic loss scale; the steps it skipped on overflow are printed).
 # Each run prints its step time, rollout tokens/s and peak GPU memory.
 # Usage: scripts/gpu_smoke.sh [extra overrides for both runs]    (run `make install` first)
 set -euo pipefail
@@ -31,6 +33,8 @@ def mean(key):
     return sum(values) / len(values) if values else float("nan")
 print(f"[{sys.argv[2]}] steps: {len(rows)}  wall (incl. start-up): {sys.argv[3]} s")
 print(f"[{sys.argv[2]}] rollout tokens/s: {mean('train/rollout/tokens_per_s'):.0f}")
+skipped = [float(r["train/nonfinite_skipped"]) for r in rows if r.get("train/nonfinite_skipped")]
+print(f"[{sys.argv[2]}] optimizer steps skipped (non-finite, e.g. fp16 overflow): {int(skipped[-1]) if skipped else 0}")
 print(f"[{sys.argv[2]}] step time s: {mean('train/time/step_s'):.2f}  "
       f"peak GPU memory GiB: {mean('train/memory/peak_gib'):.2f}")
 PY
@@ -38,3 +42,4 @@ PY
 
 smoke plain "$@"
 smoke levers "${LEVERS[@]}" "$@"
+smoke fp16 trainer.strategy.param_dtype=float16 "$@"

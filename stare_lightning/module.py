@@ -9,7 +9,6 @@ steps, each accumulated over token-budget micro-batches.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
@@ -40,7 +39,8 @@ from stare_lightning.step.runner import StepRunner
 from stare_lightning.tools import Tool, ToolsConfig, build_format
 from stare_lightning.trainer.config import OptimConfig
 from stare_lightning.trainer.cpu_threads import share_cores
-from stare_lightning.trainer.optim import build_optimizer, clip_and_step
+from stare_lightning.trainer.loss_scale import loss_scale_for
+from stare_lightning.trainer.optim import OptimizerSteps, build_optimizer
 from stare_lightning.trainer.precision import compute_dtype
 
 
@@ -93,7 +93,7 @@ class STAREModule(LightningModule):
         self.val_telemetry = ValidationTelemetry(
             validation.pass_k, validation.reflection_words, benchmarks, tool_use=tool is not None
         )
-        self.nonfinite_skipped = 0
+        self.optimizer_steps: OptimizerSteps | None = None  # in ``setup``, where the strategy's precision is known
         self.last_rollout_samples: list[dict] = []
 
     @classmethod
@@ -112,6 +112,7 @@ class STAREModule(LightningModule):
     def setup(self, stage: str) -> None:
         if self.device.type == "cpu":
             share_cores(self.trainer.world_size, self.trainer.num_devices)
+        self.optimizer_steps = OptimizerSteps(self.optim.grad_clip, loss_scale_for(self.trainer.strategy))
 
     def configure_model(self) -> None:
         if self.policy is not None:  # validate-then-fit calls this twice
@@ -155,7 +156,7 @@ class STAREModule(LightningModule):
             controller=self.controller,
             entropy_coefficient=self.entropy_coefficient,
             optimizer_step=self._optimizer_step,
-            backward=self.manual_backward,
+            backward=self.optimizer_steps.backward(self.manual_backward),
             device=self.device,
             world_size=self.trainer.world_size,
             same_batch_entropy=self.same_batch_entropy,
@@ -163,7 +164,8 @@ class STAREModule(LightningModule):
 
     def _stateful(self) -> dict:
         """What a checkpoint keeps besides weights, optimizer and telemetry (None: this run has no such part)."""
-        return {"controller": self.controller, "entropy_coefficient": self.entropy_coefficient}
+        parts = {"controller": self.controller, "entropy_coefficient": self.entropy_coefficient}
+        return {**parts, "optimizer_steps": self.optimizer_steps}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.engine.mark_stale()
@@ -171,11 +173,10 @@ class STAREModule(LightningModule):
         for name, part in self._stateful().items():
             if part is not None and state.get(name) is not None:
                 part.load_state_dict(state[name])
-        self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         state = {name: part.state_dict() if part is not None else None for name, part in self._stateful().items()}
-        checkpoint["stare_lightning"] = {**state, "nonfinite_skipped": self.nonfinite_skipped}
+        checkpoint["stare_lightning"] = state
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
@@ -193,7 +194,7 @@ class STAREModule(LightningModule):
         timer.lap("sync")
         metrics = self.train_telemetry.compute(result, collection, lr=lr)
         metrics.update({f"train/{key}": value for key, value in canary.items()})
-        metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        metrics["train/nonfinite_skipped"] = float(self.optimizer_steps.skipped)
         timer.lap("telemetry")
         metrics.update(step_costs(timer, collection.stats, tokens=int(rollouts.attention_mask.sum())))
         self.last_rollout_samples = collection.samples()
@@ -209,19 +210,10 @@ class STAREModule(LightningModule):
 
     def _optimizer_step(self, finite: bool) -> float | None:
         """One optimizer step, skipped (with a warning) when any rank saw a non-finite loss or gradient."""
-        grad_norm = clip_and_step(
-            self.optimizers(),
-            self.lr_schedulers(),
-            self.policy,
-            grad_clip=self.optim.grad_clip,
-            finite=finite,
-            device=self.device,
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        return self.optimizer_steps(
+            optimizer, scheduler, self.policy, finite=finite, device=self.device, step=self.global_step
         )
-        if grad_norm is None:
-            self.nonfinite_skipped += 1
-            message = f"non-finite loss or gradient at step {self.global_step}: optimizer step skipped"
-            warnings.warn(f"{message} ({self.nonfinite_skipped} so far)", RuntimeWarning, stacklevel=2)
-        return grad_norm
 
     # ------------------------------------------------------------------------------------ validation
     def validation_step(self, batch: list[dict], batch_idx: int) -> dict:

@@ -65,6 +65,7 @@ class RunConfig:
             )
         self._check_tool_settings()
         self._check_memory_levers(accelerator)
+        self._check_precision(accelerator)
         # pass@k is reported for the k up to each benchmark's n; a k no benchmark can reach would do nothing.
         largest_n = max([self.rollout.val_n, *(v.n for v in self.data.val_sets if v.n is not None)])
         if max(self.validation.pass_k) > largest_n:
@@ -103,6 +104,23 @@ class RunConfig:
                 "trainer.strategy.cpu_offload=true needs rollout.backend=vllm: the HF engine puts prompts and its "
                 "samplers on the parameters' device, which offload makes the host, while FSDP2 computes on the GPU; "
                 "use rollout=vllm, or set it false"
+            )
+
+    def _check_precision(self, accelerator: str) -> None:
+        """fp16 only as FSDP2's compute dtype (with the loss scale that comes with it) and only on GPUs."""
+        precision = str((self.trainer or {}).get("precision", "32-true"))
+        if precision.startswith("16"):
+            raise ValueError(
+                f"trainer.precision={precision} is not supported: Lightning's fp16 grad scaler steps through "
+                "LightningOptimizer, which this project's manual update loop does not use, so gradients would stay "
+                "scaled; for fp16 use trainer=fsdp_fp16 (FSDP2 computing in float16 with a dynamic loss scale, on "
+                "one GPU or many), or bf16-mixed"
+            )
+        strategy = (self.trainer or {}).get("strategy")
+        if isinstance(strategy, dict) and strategy.get("param_dtype") == "float16" and accelerator == "cpu":
+            raise ValueError(
+                "trainer.strategy.param_dtype=float16 needs GPUs: vLLM's CPU backend has no float16 kernels and the "
+                "rollout engine computes in the trainer's dtype; on a CPU use bfloat16 or null (fp32)"
             )
 
     def _check_tool_settings(self) -> None:

@@ -252,7 +252,7 @@ def test_nonfinite_loss_skips_the_step_and_training_goes_on(tmp_path, model_cach
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     with pytest.warns(RuntimeWarning, match="non-finite"):
         trainer.fit(module, datamodule=datamodule)
-    assert module.nonfinite_skipped == 1
+    assert module.optimizer_steps.skipped == 1
     assert trainer.global_step == 2  # two real optimizer steps after the skipped one
     assert all(torch.isfinite(p).all() for p in module.policy.parameters())
     assert any(not torch.equal(before[n], p.detach()) for n, p in module.policy.named_parameters())

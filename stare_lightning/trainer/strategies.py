@@ -86,6 +86,11 @@ class FSDP2Strategy(ModelParallelStrategy):
                 f"trainer.strategy.cpu_offload=true needs CUDA devices, but this run's device is {self.root_device}: "
                 "offload moves GPU-resident shards to the host, and here they are on the host already"
             )
+        if self.param_dtype == "float16" and self.root_device.type != "cuda":
+            raise ValueError(
+                f"trainer.strategy.param_dtype=float16 needs CUDA devices; this run's device is {self.root_device}: "
+                "fp16 compute is for GPUs here (vLLM's CPU backend has no float16 kernels); use bfloat16 or null"
+            )
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // int(self._tensor_parallel_size)
         super().setup_environment()
