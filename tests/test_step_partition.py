@@ -75,9 +75,33 @@ def test_differencing_balances_better_than_consecutive_rows():
         differencing_partition([1, 2], 3)
 
 
-def test_the_runner_updates_over_the_balanced_micro_batches(tiny_dir):
+def _reference_selection(
+    logprobs: list[torch.Tensor], advantages: list[float], top_ratio: float, sign: int
+) -> list[torch.Tensor]:
+    """The reference's L+ (sign 1) or L- (sign -1) inside one micro-batch: of the tokens whose advantage has that
+    sign, the max(1, int(n P + 0.999999)) of highest surprisal -log pi (one mask per row)."""
+    surprisal = torch.cat([-lp for lp in logprobs])
+    candidate = torch.cat([torch.full_like(lp, a * sign > 0, dtype=torch.bool) for lp, a in zip(logprobs, advantages)])
+    selected = torch.zeros_like(candidate)
+    n = int(candidate.sum())
+    if n:
+        k = min(n, max(1, int(n * top_ratio + 0.999999)))
+        selected[candidate.nonzero().squeeze(-1)[torch.topk(surprisal[candidate], k).indices]] = True
+    return list(selected.split([len(lp) for lp in logprobs]))
+
+
+def _response_logprobs(policy, prompt: list[int], response: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_the_runner_partitions_and_selects_as_the_reference(tiny_dir):
     """With ``micro_batch_partition=balanced`` each micro-batch of the update holds the rows the reference
-    procedure puts together, in its order: the per-micro-batch token counts the runner reports say so."""
+    procedure puts together, in its order (the per-micro-batch token counts the runner reports say so), and the
+    tokens STARE selects inside each are the reference's top-P surprisal set of that micro-batch's rows."""
+    import copy
+
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -88,8 +112,9 @@ def test_the_runner_updates_over_the_balanced_micro_batches(tiny_dir):
     responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (7, 2, 9, 4, 12, 5, 3, 8, 11, 1)]
     advantages = torch.tensor([0.8, -0.8, 0.5, -0.5, 1.0, -1.0, 0.3, -0.3, 0.6, -0.6])
     batch = on_policy_experience(prompts, responses, advantages, n=2)
-    stare = STAREConfig(enabled=True, scope="micro_batch", target_entropy=100.0)
+    stare = STAREConfig(enabled=True, scope="micro_batch", target_entropy=100.0, top_ratio=0.25, k_rounding="reference")
     alg = AlgorithmConfig(stare=stare, micro_batch_partition="balanced", loss_normalizer="micro_batch")
+    before_update = copy.deepcopy(policy)
     plan = StepPlan.resolve(alg, RolloutConfig(n=2), ForwardConfig(micro_batch_tokens=30))
     runner = StepRunner(plan, alg, verifiers=None, sampling=None, pad_token_id=0, policy=policy,
                         optimizer_step=GradientRecorder(policy), controller=stare.make_controller())  # fmt: skip
@@ -100,3 +125,18 @@ def test_the_runner_updates_over_the_balanced_micro_batches(tiny_dir):
         float(sum(len(responses[r]) for r in part)) for part in want
     ]
     assert len(result.selections) == len(want)  # one selection inside each micro-batch
+    selected_positive = 0
+    for part, selection in zip(want, result.selections):
+        logprobs = [_response_logprobs(before_update, prompts[r], responses[r]) for r in part]
+        signs = [float(advantages[r]) for r in part]
+        l_plus, l_minus = (_reference_selection(logprobs, signs, top_ratio=0.25, sign=s) for s in (1, -1))
+        for i, (plus, minus) in enumerate(zip(l_plus, l_minus)):
+            width, where = len(plus), f"micro-batch {part}, row {part[i]}"
+            picked = selection.selected[i, :width]
+            assert torch.equal(picked & (selection.advantages[i] > 0), plus), where
+            assert torch.equal(picked & (selection.advantages[i] < 0), minus), where
+            assert not selection.selected[i, width:].any()
+            # O1 with the gate open: W on L+, every other token 1.
+            assert torch.equal(selection.omega[i, :width], torch.where(plus, stare.w, 1.0)), where
+        selected_positive += sum(int(m.sum()) for m in l_plus)
+    assert selected_positive > 0
