@@ -106,11 +106,12 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[st
     return runs
 
 
-# Columns the figures read; a summary keeps these only (pooled validation metrics, not per benchmark).
+# Columns the figures and the studies' diagnoses read; a summary keeps these only (pooled validation metrics, and
+# maj@n, which exists per benchmark only).
 _PLOTTED = re.compile(
-    r"(train/(entropy(/.*)?|stare/(gate_on|w)|reward/mean|response_length/mean|distinct_correct|quadrant/.*|"
+    r"(train/(entropy(/.*)?|stare/.*|reward/mean|response_length/mean|distinct_correct|quadrant/.*|grad_norm|"
     r"reflection/.*|frac_zero_std_groups|time/step_s|memory/.*)"
-    r"|val/(avg@\w+|pass@\w+|distinct_correct|reflection/per_response))"
+    r"|val/(avg@\w+|pass@\w+|[^/]+/maj@\w+|distinct_correct|response_length/mean|reflection/per_response))"
 )
 
 
