@@ -3,7 +3,7 @@
 # SmolLM2-135M-Instruct with colocated vLLM rollouts for a few steps on every visible GPU, three times: as
 # configured; with the memory levers on (vLLM sleep mode during the update, packed micro-batches, the fused LM
 # head); and in fp16 as the reference code trains (trainer.strategy.param_dtype=float16, i.e. trainer=fsdp_fp16:
-# fp16 compute and rollout engine, the dynamic loss scale; the steps it skipped on overflow are printed).
+# fp16 compute and rollout engine, the dynamic loss scale; the steps it skipped on overflow and its last scale are printed).
 # Each run prints its step time, rollout tokens/s and peak GPU memory.
 # Usage: scripts/gpu_smoke.sh [extra overrides for both runs]    (run `make install` first)
 set -euo pipefail
@@ -34,7 +34,9 @@ def mean(key):
 print(f"[{sys.argv[2]}] steps: {len(rows)}  wall (incl. start-up): {sys.argv[3]} s")
 print(f"[{sys.argv[2]}] rollout tokens/s: {mean('train/rollout/tokens_per_s'):.0f}")
 skipped = [float(r["train/nonfinite_skipped"]) for r in rows if r.get("train/nonfinite_skipped")]
-print(f"[{sys.argv[2]}] optimizer steps skipped (non-finite, e.g. fp16 overflow): {int(skipped[-1]) if skipped else 0}")
+scale = [r["train/loss_scale"] for r in rows if r.get("train/loss_scale")]
+print(f"[{sys.argv[2]}] optimizer steps skipped (non-finite, e.g. fp16 overflow): {int(skipped[-1]) if skipped else 0}"
+      + (f", loss scale at the end: {scale[-1]}" if scale else ""))
 print(f"[{sys.argv[2]}] step time s: {mean('train/time/step_s'):.2f}  "
       f"peak GPU memory GiB: {mean('train/memory/peak_gib'):.2f}")
 PY

@@ -194,7 +194,7 @@ class STAREModule(LightningModule):
         timer.lap("sync")
         metrics = self.train_telemetry.compute(result, collection, lr=lr)
         metrics.update({f"train/{key}": value for key, value in canary.items()})
-        metrics["train/nonfinite_skipped"] = float(self.optimizer_steps.skipped)
+        metrics.update(self.optimizer_steps.metrics())
         timer.lap("telemetry")
         metrics.update(step_costs(timer, collection.stats, tokens=int(rollouts.attention_mask.sum())))
         self.last_rollout_samples = collection.samples()

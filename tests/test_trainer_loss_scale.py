@@ -97,9 +97,10 @@ def test_optimizer_steps_state_round_trips_with_its_loss_scale():
     restored = OptimizerSteps(grad_clip=1.0, loss_scale=DynamicLossScale())
     restored.load_state_dict(steps.state_dict())
     assert restored == steps and restored.loss_scale.scale == 2.0**15
+    assert restored.metrics() == {"train/nonfinite_skipped": 1.0, "train/loss_scale": 2.0**15}
     fp32 = OptimizerSteps(grad_clip=1.0)
     fp32.load_state_dict(steps.state_dict())  # an fp16 checkpoint resumed in fp32 keeps the count, needs no scale
-    assert fp32.skipped == 1 and fp32.loss_scale is None
+    assert fp32.skipped == 1 and fp32.loss_scale is None and "train/loss_scale" not in fp32.metrics()
 
 
 @pytest.mark.parametrize("param_dtype, scaled", [("float16", True), ("bfloat16", False), (None, False)])

@@ -106,8 +106,7 @@ def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[st
     return runs
 
 
-# Columns the figures and the studies' diagnoses read; a summary keeps these only (pooled validation metrics, and
-# maj@n, which exists per benchmark only).
+# Columns the figures and diagnoses read; a summary keeps these only (pooled validation metrics; maj@n per benchmark).
 _PLOTTED = re.compile(
     r"(train/(entropy(/.*)?|stare/.*|reward/mean|response_length/mean|distinct_correct|quadrant/.*|grad_norm|"
     r"reflection/.*|frac_zero_std_groups|time/step_s|memory/.*)"

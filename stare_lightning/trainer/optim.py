@@ -112,6 +112,11 @@ class OptimizerSteps:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         return grad_norm
 
+    def metrics(self) -> dict[str, float]:
+        """``train/nonfinite_skipped`` (steps skipped so far) and, in fp16, ``train/loss_scale``."""
+        scale = {"train/loss_scale": self.loss_scale.scale} if self.loss_scale is not None else {}
+        return {"train/nonfinite_skipped": float(self.skipped), **scale}
+
     def state_dict(self) -> dict:
         return {"skipped": self.skipped, "loss_scale": self.loss_scale.state_dict() if self.loss_scale else None}
 
