@@ -193,6 +193,10 @@ def test_each_semantics_switch_is_checked_and_refused_where_it_changes_nothing()
         AlgorithmConfig(loss_normalizer="micro_batch", loss_agg="seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
         AlgorithmConfig(on_policy_old_logprobs="forward", mini_batches=2)
+    group_scope = STAREConfig(enabled=True, scope="group")
+    with pytest.raises(ValueError, match="stare.scope=group is not offered with .*micro_batch_partition=balanced"):
+        AlgorithmConfig(stare=group_scope, micro_batch_partition="balanced")
+    AlgorithmConfig(stare=group_scope)  # consecutive rows keep each group on one rank
     with pytest.raises(ValueError, match="generation_batch_multiplier=3 does nothing without dynamic sampling"):
         AlgorithmConfig(generation_batch_multiplier=3)
     like_loss = AlgorithmConfig(gate_aggregation="like_loss", loss_agg="seq-mean-token-mean")

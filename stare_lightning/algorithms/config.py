@@ -133,7 +133,7 @@ class AlgorithmConfig:
     gate_aggregation: str = "token-mean"  # token-mean | like_loss: the entropy STARE's gate reads
     loss_normalizer: str = "step"  # step | micro_batch: the token-mean's denominator
     on_policy_old_logprobs: str = "scoring_pass"  # scoring_pass | forward: old log-probs of an on-policy step
-    micro_batch_partition: str = "consecutive"  # consecutive | balanced: which rows share an update micro-batch
+    micro_batch_partition: str = "consecutive"  # consecutive | balanced (the reference's): which rows train together
     overlong_buffer: int = 0  # 0 = off
     overlong_penalty_factor: float = 1.0
     ppo_epochs: int = 1
@@ -210,6 +210,12 @@ class AlgorithmConfig:
         choice(f"{p}loss_normalizer", self.loss_normalizer, LOSS_NORMALIZERS)
         choice(f"{p}on_policy_old_logprobs", self.on_policy_old_logprobs, OLD_LOGPROB_SOURCES)
         choice(f"{p}micro_batch_partition", self.micro_batch_partition, MICRO_BATCH_PARTITIONS)
+        if self.micro_batch_partition == "balanced" and self.stare.enabled and self.stare.scope == "group":
+            raise ValueError(
+                f"{p}stare.scope=group is not offered with {p}micro_batch_partition=balanced: balancing deals the "
+                "step's rows to ranks by workload, so a group's rows are no longer consecutive on one rank; use "
+                "scope micro_batch (the reference code's), step or sequence"
+            )
         if self.budget_exhausted != "train" and not self.dynamic_sampling:
             raise ValueError(
                 f"{p}budget_exhausted={self.budget_exhausted!r} does nothing without dynamic sampling: set "

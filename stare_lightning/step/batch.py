@@ -141,6 +141,30 @@ def build_rollout_batch(rollouts: Rollouts, rewards: Tensor, advantages: Tensor,
     )
 
 
+def concatenate(batches: list[Rows], *, pad_token_id: int) -> Rows:
+    """The rows of ``batches`` in one batch of their type: prompts left-padded and responses right-padded to the
+    widest, so the layout above holds. Per-token fields absent (None) in one batch must be absent in all."""
+    prompt_width = max(batch.prompt_width for batch in batches)
+    response_width = max(batch.response_width for batch in batches)
+    widened = []
+    for batch in batches:
+        left, right = prompt_width - batch.prompt_width, response_width - batch.response_width
+        values = {}
+        for name, value in batch._tensors().items():
+            if name in ("input_ids", "attention_mask"):
+                fill = pad_token_id if name == "input_ids" else 0
+                value = torch.nn.functional.pad(value, (left, right), value=fill)
+            elif value.dim() == 2:
+                value = torch.nn.functional.pad(value, (0, right))
+            values[name] = value
+        widened.append(values)
+    names = widened[0].keys()
+    if any(values.keys() != names for values in widened):
+        raise ValueError("cannot concatenate batches that hold different per-token fields")
+    merged = {name: torch.cat([values[name] for values in widened]) for name in names}
+    return replace(batches[0], prompt_width=prompt_width, **merged)
+
+
 def micro_batches(batch: Rows, token_budget: int, *, packed: bool = False) -> Iterator[Rows]:
     """Consecutive rows grouped so that the tokens a forward computes stay within ``token_budget``: rows x
     longest row (in real tokens) when padded, the sum of the rows' real tokens when ``packed`` (padding-free).

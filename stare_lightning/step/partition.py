@@ -1,20 +1,25 @@
-"""Micro-batches cut the way the reference trainer cuts them: a count from the token budget, balanced contents.
+"""Rows dealt to ranks and cut into micro-batches the way the reference trainer does: balanced by workload.
 
-What it implements: the dynamic batch size of the reference trainer's actor (verl 0.7, ``use_dynamic_bsz``).
-A mini-batch of rows with ``L_i`` real tokens each (prompt and response) is split into
-``min(rows, ceil(sum L / budget))`` micro-batches (the largest count of any rank, so the ranks stay in step),
-whose estimated costs ``24576 L + L^2`` (dense-layer and attention work, the reference's calibration for a
-7B model) are balanced by the largest differencing method (Karmarkar and Karp 1982), rows ascending inside
-each micro-batch. The micro-batches then run heaviest in the middle: ordered by cost (ties: first row)
-descending, every other one reversed in front of the rest.
+What it implements: two steps of the reference trainer (verl 0.7) that decide which rows train together.
+Costs are ``24576 L + L^2`` for a row of ``L`` real tokens (prompt and response): dense-layer and attention
+work, the reference's calibration for a 7B model. Both balance costs by the largest differencing method
+(Karmarkar and Karp 1982).
+
+- ``balance_batch`` (the driver, before any scoring): the step's rows over all ranks are split into one part of
+  equal size per rank; each rank holds its part ordered by cost, the light rows at both ends and the heavy in
+  the middle, and splits it into mini-batches in that order.
+- dynamic batch size (the actor, per mini-batch): ``min(rows, ceil(sum L / budget))`` micro-batches (the
+  largest count of any rank, so the ranks stay in step), rows ascending inside each, run heaviest in the
+  middle: ordered by cost (ties: first row) descending, every other one reversed in front of the rest.
 
 Why it matters here: STARE's reference code selects inside each micro-batch, and its micro-batch token mean
 weighs micro-batches by their rows, so which rows share a micro-batch changes the update. The project's own
-layout (``step.batch.micro_batches``) takes consecutive rows up to the budget instead.
+layout (``step.batch.micro_batches``) keeps each rank's rows and takes consecutive rows up to the budget.
 
-Departure: the reference trainer also reorders the global batch across ranks before this (``balance_batch``);
-here each rank partitions the rows it holds. Equal costs are ordered exactly as the reference orders them
-(by sum, then size, then contents), so the partition is the same whenever the rows are.
+Departure: the reference asserts that the step's rows divide evenly among the ranks; here a remainder is dealt
+as rows of zero cost that are dropped afterwards, so rank sizes differ by at most one. Equal costs are ordered
+exactly as the reference orders them (by sum, then size, then contents), so the result is the same whenever the
+step's rows, in rank order, are.
 """
 
 from __future__ import annotations
@@ -26,9 +31,16 @@ import torch
 import torch.distributed as dist
 
 from stare_lightning import distributed
-from stare_lightning.step.batch import Rows
+from stare_lightning.step.batch import Rows, concatenate
 
-__all__ = ["balanced_micro_batches", "balanced_partition", "differencing_partition", "sequence_cost"]
+__all__ = [
+    "balanced_micro_batches",
+    "balanced_partition",
+    "balanced_rank_rows",
+    "differencing_partition",
+    "rank_partition",
+    "sequence_cost",
+]
 
 
 def sequence_cost(length: int) -> int:
@@ -69,17 +81,23 @@ class _Partial:
         self.subsets = sorted(merged, key=_Subset.key, reverse=True)
 
 
-def differencing_partition(values: list[int], parts: int) -> list[list[int]]:
+def differencing_partition(values: list[int], parts: int, *, equal_size: bool = False) -> list[list[int]]:
     """Indices of ``values`` in ``parts`` groups of near-equal sums (largest differencing method), each sorted.
 
-    Items enter smallest first, each as a partial partition of one non-empty subset; the two partial
-    partitions of widest spread are merged until one is left.
+    Items enter smallest first, each as a partial partition of one non-empty subset (``equal_size``: the next
+    ``parts`` items at a time, one per subset, so every group ends with ``len(values) / parts`` items); the two
+    partial partitions of widest spread are merged until one is left.
     """
     if not 1 <= parts <= len(values):
         raise ValueError(f"cannot split {len(values)} items into {parts} non-empty parts")
+    if equal_size and len(values) % parts:
+        raise ValueError(f"cannot split {len(values)} items into {parts} parts of equal size")
+    ordered = sorted((value, index) for index, value in enumerate(values))
+    width = parts if equal_size else 1
     heap: list[_Partial] = []
-    for value, index in sorted((value, index) for index, value in enumerate(values)):
-        heapq.heappush(heap, _Partial([_Subset([(index, value)])] + [_Subset() for _ in range(parts - 1)]))
+    for start in range(0, len(ordered), width):
+        subsets = [_Subset([(index, value)]) for value, index in ordered[start : start + width]]
+        heapq.heappush(heap, _Partial(subsets + [_Subset() for _ in range(parts - len(subsets))]))
     while len(heap) > 1:
         first, second = heapq.heappop(heap), heapq.heappop(heap)
         first.absorb(second)
@@ -88,6 +106,19 @@ def differencing_partition(values: list[int], parts: int) -> list[list[int]]:
     if any(not group for group in groups):
         raise ValueError(f"the partition of {len(values)} items into {parts} parts left one empty")
     return groups
+
+
+def rank_partition(lengths: list[int], ranks: int) -> list[list[int]]:
+    """Indices of the step's rows (all ranks', in rank order) that each rank trains on, in the order it holds
+    them: ``balance_batch`` of the module docstring. Needs at least one row per rank."""
+    costs = [sequence_cost(length) for length in lengths]
+    padded = costs + [0] * (-len(costs) % ranks)  # the remainder's stand-ins (module docstring, "Departure")
+    parts = differencing_partition(padded, ranks, equal_size=True)
+    dealt = []
+    for part in parts:
+        rows = sorted((row for row in part if row < len(costs)), key=lambda row: (costs[row], row))
+        dealt.append(rows[::2] + rows[1::2][::-1])
+    return dealt
 
 
 def balanced_partition(lengths: list[int], token_budget: int, count: int | None = None) -> list[list[int]]:
@@ -108,5 +139,19 @@ def balanced_micro_batches(batch: Rows, token_budget: int, device: torch.device 
     lengths = [int(n) for n in batch.attention_mask.sum(-1).tolist()]
     count = torch.tensor(float(min(len(lengths), math.ceil(sum(lengths) / token_budget))))
     count = int(distributed.all_reduce(count, dist.ReduceOp.MAX, device))
+    if not lengths:  # this rank holds none of the mini-batch's rows: it runs fillers only
+        return []
     groups = balanced_partition(lengths, token_budget, count)
     return [batch.select(torch.tensor(rows, device=batch.input_ids.device)).trimmed() for rows in groups]
+
+
+def balanced_rank_rows(batch: Rows, pad_token_id: int, device: torch.device | None = None) -> Rows:
+    """The rows this rank trains on after ``balance_batch`` over every rank's ``batch`` (``rank_partition``),
+    in its order. On one process the rows are only reordered; with fewer rows than ranks nothing moves."""
+    everyone = concatenate(distributed.all_gather_objects(batch.to("cpu")), pad_token_id=pad_token_id)
+    ranks = distributed.world_size()
+    if everyone.num_rows < ranks:
+        return batch
+    lengths = [int(n) for n in everyone.attention_mask.sum(-1).tolist()]
+    mine = rank_partition(lengths, ranks)[distributed.rank()]
+    return everyone.select(torch.tensor(mine, dtype=torch.long)).trimmed().to(batch.input_ids.device)

@@ -43,7 +43,9 @@ class StepPlan:
     old_logprobs_from_forward: bool
     gate_aggregation: str  # an aggregation mode of ``aggregate_loss``
     loss_normalizer: str  # step | micro_batch
-    balanced_micro_batches: bool  # the reference trainer's partition (step/partition.py), else consecutive rows
+    balanced: bool  # the reference trainer's balancing (step/partition.py): rows dealt to ranks by workload,
+    # mini-batches taken in that order, balanced micro-batches; else each rank's own rows, shuffled mini-batches,
+    # consecutive micro-batches
     ppo_epochs: int
     mini_batches: int
     max_response_length: int
@@ -67,7 +69,7 @@ class StepPlan:
             old_logprobs_from_forward=algorithm.on_policy_old_logprobs == "forward" and algorithm.is_on_policy(),
             gate_aggregation=algorithm.gate_loss_agg(),
             loss_normalizer=algorithm.loss_normalizer,
-            balanced_micro_batches=algorithm.micro_batch_partition == "balanced",
+            balanced=algorithm.micro_batch_partition == "balanced",
             ppo_epochs=algorithm.ppo_epochs,
             mini_batches=algorithm.mini_batches,
             max_response_length=rollout.max_new_tokens,

@@ -7,10 +7,10 @@ when it skipped). Every decision comes from the ``StepPlan``. The runner returns
 to log; it neither logs nor reads telemetry.
 
 The stages: ``collect`` rolls out through the injected sampler, verifies, computes advantages and filters
-groups; ``learn`` then scores the batch with a no-grad pass of the rollout policy (when the plan has one), lets
-the gate take its step on the batch entropy, makes STARE's step-wide selection (timings ``step`` and
-``optimizer_step``) and runs the update: ``ppo_epochs x mini_batches`` optimizer steps, each over token-budget
-micro-batches. A plan without a scoring pass has nothing that acts on the gate or the selection (plain on-policy
+groups; ``learn`` then (with the reference's balancing) deals the step's rows to ranks by workload, scores the
+batch with a no-grad pass of the rollout policy (when the plan has one), lets the gate take its step on the
+batch entropy, makes STARE's step-wide selection (timings ``step`` and ``optimizer_step``) and runs the update:
+``ppo_epochs x mini_batches`` optimizer steps, each over token-budget micro-batches. A plan without a scoring pass has nothing that acts on the gate or the selection (plain on-policy
 GRPO: no controller, no adaptive coefficient); the update's first forward scores the batch, and the gate and the
 selection made from it afterwards only describe what STARE would have done.
 """
@@ -32,7 +32,7 @@ from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.step.batch import Experience, RolloutBatch, micro_batches, mini_batch_rows
 from stare_lightning.step.collect import Collection, collect
 from stare_lightning.step.loss import MicroBatchLoss, gate_entropy, micro_batch_loss, step_normalizer, token_mean
-from stare_lightning.step.partition import balanced_micro_batches
+from stare_lightning.step.partition import balanced_micro_batches, balanced_rank_rows
 from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.scoring import (
     TokenScores,
@@ -132,6 +132,8 @@ class StepRunner:
         """Score, gate, select and update on ``collection``'s batch. ``seed``: the same on every rank (it orders
         the mini-batches); ``lap(phase)``: called as each phase ends, for a step timer."""
         batch = collection.batch.to(self.device)
+        if self.plan.balanced:  # the reference trainer deals the step's rows to ranks before scoring them
+            batch = balanced_rank_rows(batch, self.pad_token_id, self.device)
         logits_before = self._response_logits(batch) if self.same_batch_entropy else None
         lap("telemetry")
         scores = self._score(batch, logits_before) if self.plan.scoring_pass else None
@@ -228,14 +230,11 @@ class StepRunner:
         plan, forward = self.plan, self.plan.forward
         budget, packed = forward.micro_batch_tokens, forward.layout.packed
         generator = torch.Generator().manual_seed(seed)
-        offset, total_rows = distributed.row_offset(experience.num_rows, self.device)
         filler = next(micro_batches(experience.select(slice(0, 1)), budget, packed=packed))
         record = _Update(selections=[], micro_batch_sums=[], grad_norms=[])
         first_pass = [] if experience.old_logprobs is None else None
         for _ in range(plan.ppo_epochs):
-            for rows in mini_batch_rows(
-                experience.num_rows, plan.mini_batches, generator, offset=offset, total_rows=total_rows
-            ):
+            for rows in self._mini_batch_rows(experience.num_rows, generator):
                 if plan.reselect and params.gate_on and record.grad_norms:  # not before the first optimizer step
                     experience = self._reselect(experience, params)
                 mini = experience.select(rows.to(experience.input_ids.device))
@@ -260,9 +259,19 @@ class StepRunner:
             record.first_pass = TokenScores.from_micro_batches(first_pass, experience.response_width)
         return record
 
+    def _mini_batch_rows(self, num_rows: int, generator: torch.Generator) -> list[Tensor]:
+        """This rank's rows of each mini-batch: in the order the rows are dealt when balanced (the reference
+        actor splits its rows as they come), else a shuffled split of the global batch (``mini_batch_rows``)."""
+        if self.plan.balanced:  # ranks hold equal counts, or differ by one (step/partition.py)
+            most = int(distributed.all_reduce(torch.tensor(float(num_rows)), dist.ReduceOp.MAX, self.device))
+            parts = torch.arange(most).tensor_split(self.plan.mini_batches)
+            return [part[part < num_rows] for part in parts if len(part)]
+        offset, total_rows = distributed.row_offset(num_rows, self.device)
+        return mini_batch_rows(num_rows, self.plan.mini_batches, generator, offset=offset, total_rows=total_rows)
+
     def _micro_batches(self, mini: Experience) -> list[Experience]:
         forward = self.plan.forward
-        if self.plan.balanced_micro_batches:
+        if self.plan.balanced:
             return balanced_micro_batches(mini, forward.micro_batch_tokens, self.device)
         return list(micro_batches(mini, forward.micro_batch_tokens, packed=forward.layout.packed))
 
