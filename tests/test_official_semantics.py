@@ -155,6 +155,42 @@ def test_official_old_logprobs_are_the_detached_current_ones_only_on_policy():
         official_config(ppo_epochs=2)
 
 
+def _reference_top_surprisal(surprisal, candidates, top_ratio):
+    """The reference code's selection inside one micro-batch: topk over the candidates' surprisal, row-major."""
+    selected = torch.zeros_like(candidates)
+    count = int(candidates.sum())
+    if count:
+        k = min(count, max(1, int(count * top_ratio + 0.999999)))
+        chosen = torch.topk(surprisal[candidates], k=k, largest=True).indices
+        selected.view(-1)[candidates.view(-1).nonzero().squeeze(-1)[chosen]] = True
+    return selected
+
+
+def test_exact_ties_are_taken_in_torch_topks_order_under_official_semantics():
+    """Surprisals with many exact ties (identical tokens after identical prefixes, as in a group's first
+    tokens): with ``tie_order=topk`` L+ and L- are the tokens the reference's ``topk`` takes; by position
+    they differ, so the test tells the two orders apart."""
+    from stare_lightning.algorithms import stare_weights_for_scope
+
+    g = torch.Generator().manual_seed(2)
+    surprisal = torch.randint(1, 4, (6, 10), generator=g).float()
+    mask = torch.ones(6, 10, dtype=torch.bool)
+    mask[1, 7:] = mask[4, 3:] = False
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0, 0.2, -0.2])
+    stare = official_config().stare
+    assert stare.tie_order == "topk"
+    selected = {}
+    for order in ("topk", "position"):
+        _, stats = stare_weights_for_scope(-surprisal, advantages, mask, scope="micro_batch", variant="C2",
+                                           top_ratio=0.3, k_rounding="reference", tie_order=order)  # fmt: skip
+        selected[order] = stats.selected
+    for sign in (1, -1):
+        candidates = mask & (advantages[:, None] * sign > 0)
+        want = _reference_top_surprisal(surprisal, candidates, 0.3)
+        assert torch.equal(selected["topk"] & candidates, want)
+    assert not torch.equal(selected["topk"], selected["position"])
+
+
 def test_the_reference_k_rule_and_the_gate_before_any_measurement():
     """k = int(P n + 0.999999) (the reference code) against ceil(P n) (the project): apart only when P n lies
     within 1e-6 above an integer, here P n = 1.0000005; the reference controller's gate starts open."""

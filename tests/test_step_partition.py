@@ -184,7 +184,8 @@ def _runner_rows(vocab: int, lengths_seed: int = 4):
 def _balanced_step(policy, prompts, responses, advantages, budget: int = 30):
     """One official-semantics STARE step (selection inside each micro-batch, gate open) on these rows."""
     batch = on_policy_experience(prompts, responses, advantages, n=2)
-    stare = STAREConfig(enabled=True, scope="micro_batch", target_entropy=100.0, top_ratio=0.25, k_rounding="reference")
+    stare = STAREConfig(enabled=True, scope="micro_batch", target_entropy=100.0, top_ratio=0.25,
+                        k_rounding="reference", tie_order="topk")  # fmt: skip
     alg = AlgorithmConfig(stare=stare, micro_batch_partition="balanced", loss_normalizer="micro_batch")
     plan = StepPlan.resolve(alg, RolloutConfig(n=2), ForwardConfig(micro_batch_tokens=budget))
     runner = StepRunner(plan, alg, verifiers=None, sampling=None, pad_token_id=0, policy=policy,

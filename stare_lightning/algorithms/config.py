@@ -57,6 +57,7 @@ class STAREConfig:
     m_min: float = 0.5
     timing: str = "next_step"  # next_step (paper) | same_step (reference code)
     k_rounding: str = "ceil"  # ceil: k = ceil(P n) | reference: int(P n + 0.999999), the reference code's
+    tie_order: str = "position"  # position: the earlier token wins a tie | topk: torch.topk's, the reference code's
     gate_starts_open: bool = False  # the gate before the first measurement (the reference code starts open)
 
     def __post_init__(self) -> None:
@@ -76,6 +77,7 @@ class STAREConfig:
         number(f"{p}m_min", self.m_min, low=0.0, high=1.0, low_open=True)
         choice(f"{p}timing", self.timing, STARE_TIMINGS)
         choice(f"{p}k_rounding", self.k_rounding, ("ceil", "reference"))
+        choice(f"{p}tie_order", self.tie_order, ("position", "topk"))
         flag(f"{p}gate_starts_open", self.gate_starts_open)
         if self.adaptive:
             number(f"{p}w", self.w, low=1.0, high=self.w_max)

@@ -13,8 +13,10 @@ Conventions this module fixes where the paper leaves room:
 - Ties in the ranking score are broken by position: the earlier token in row-major order of the
   batch (rank order first when gathered across ranks) wins. Ceil(P |T|) is computed with a 1e-7
   tolerance so that, e.g., 0.1 * 30 gives 3, not 4; ``k_rounding="reference"`` takes the reference code's
-  int(P |T| + 0.999999) instead (the two differ only when P |T| lies within 1e-6 above an integer). The
-  reference code's order among exactly tied scores (``torch.topk``'s) is unspecified and is not reproduced.
+  int(P |T| + 0.999999) instead (the two differ only when P |T| lies within 1e-6 above an integer).
+  ``tie_order="topk"`` takes the reference code's order among exactly tied scores: whatever ``torch.topk``
+  returns for the set's float32 scores in row-major order (unspecified by torch and device-dependent, so
+  it equals the reference's on the same device and torch, and is not itself a documented order).
 - Weights are 1 at masked positions (the loss masks them anyway; 1 keeps "all ones = GRPO").
 - The selection is computed even when the gate is off (for telemetry); only the weights ignore it.
 
@@ -84,15 +86,27 @@ class _Rule:
     gate_on: bool = True
     selector: str = "surprisal"
     k_rounding: str = "ceil"  # ceil: ceil(P n) (1e-7 tolerance); reference: int(P n + 0.999999), the reference code's
+    tie_order: str = "position"  # position: the earlier token wins a tie | topk: torch.topk's (the reference code's)
+
+    def ranking(self) -> tuple[float, str, str]:
+        """The arguments of ``_select_top`` after the segments: P, the k rule and the tie order."""
+        return self.top_ratio, self.k_rounding, self.tie_order
 
 
 def _select_top(
-    scores: Tensor, adv: Tensor, seg: Tensor | None, num_seg: int, top_ratio: float, k_rounding: str = "ceil"
+    scores: Tensor,
+    adv: Tensor,
+    seg: Tensor | None,
+    num_seg: int,
+    top_ratio: float,
+    k_rounding: str = "ceil",
+    tie_order: str = "position",
 ) -> tuple[Tensor, Tensor]:
     """L+ and L- membership (bool [N]) over a 1-D stream of valid tokens, selected within each segment.
 
     Tokens are ordered by (segment, score descending, stream position); the first k of each
-    (segment, sign) set are taken, k = min(n, max(1, ceil(P n))) for n > 0.
+    (segment, sign) set are taken, k = min(n, max(1, ceil(P n))) for n > 0. ``tie_order="topk"``:
+    each set's k come from ``torch.topk`` instead (its order among ties).
     """
     n_tok = scores.shape[0]
     device = scores.device
@@ -112,6 +126,12 @@ def _select_top(
         k = torch.floor(share + 0.999999) if k_rounding == "reference" else torch.ceil(share - _CEIL_TOL)
         k = k.clamp(min=1).to(torch.long)
         k = torch.minimum(k, counts)
+        if tie_order == "topk":
+            for segment in counts.nonzero().flatten().tolist():
+                candidates = (member & (seg == segment)).nonzero().flatten()
+                top = torch.topk(scores[candidates].float(), int(k[segment])).indices
+                out[candidates[top]] = True
+            continue
         first = torch.cumsum(counts, 0) - counts  # members in earlier segments
         m_sorted = member[order]
         rank = torch.cumsum(m_sorted.to(torch.long), 0) - 1 - first[seg_sorted]
@@ -204,13 +224,11 @@ def _select(
 ) -> tuple[Tensor, Tensor]:
     """Select within each segment locally, or (``gather`` given) over all ranks' streams concatenated."""
     if gather is None:
-        return _select_top(stream.scores, stream.advantages, stream.segments, num_seg, rule.top_ratio, rule.k_rounding)
+        return _select_top(stream.scores, stream.advantages, stream.segments, num_seg, *rule.ranking())
     n_local = stream.scores.numel()
     lengths = gather(torch.tensor([n_local], dtype=torch.float64, device=stream.scores.device))
     offset = int(lengths[: global_rank() if rank is None else rank].sum().item())
-    sel_pos, sel_neg = _select_top(
-        gather(stream.scores), gather(stream.advantages), None, 1, rule.top_ratio, rule.k_rounding
-    )
+    sel_pos, sel_neg = _select_top(gather(stream.scores), gather(stream.advantages), None, 1, *rule.ranking())
     return sel_pos[offset : offset + n_local], sel_neg[offset : offset + n_local]
 
 
@@ -227,7 +245,8 @@ def stare_token_weights(
     logprobs: [B, T] log pi(o) (surprisal = -logprobs); advantages: [B] or [B, T]; mask: [B, T];
     sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first).
     ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal"),
-    k_rounding ("ceil"; "reference": the reference code's int(P n + 0.999999)).
+    k_rounding ("ceil"; "reference": the reference code's int(P n + 0.999999)), tie_order ("position";
+    "topk": the reference code's).
     """
     return stare_weights_for_scope(logprobs, advantages, mask, scope="micro_batch", sensitivity=sensitivity, **rule)
 

@@ -86,6 +86,7 @@ def step_selection(
         gate_on=True,
         selector=stare.selector,
         k_rounding=stare.k_rounding,
+        tie_order=stare.tie_order,
         sensitivity=phi,
     )
     return (omega if stare.enabled and params.gate_on else None), stats
@@ -125,6 +126,7 @@ def micro_batch_stare_weights(
         gate_on=params.gate_on,
         selector=stare.selector,
         k_rounding=stare.k_rounding,
+        tie_order=stare.tie_order,
         sensitivity=phi,
     )
     return (omega if params.gate_on else None), stats.selected
