@@ -10,9 +10,10 @@ The stages: ``collect`` rolls out through the injected sampler, verifies, comput
 groups; ``learn`` then (with the reference's balancing) deals the step's rows to ranks by workload, scores the
 batch with a no-grad pass of the rollout policy (when the plan has one), lets the gate take its step on the
 batch entropy, makes STARE's step-wide selection (timings ``step`` and ``optimizer_step``) and runs the update:
-``ppo_epochs x mini_batches`` optimizer steps, each over token-budget micro-batches. A plan without a scoring pass has nothing that acts on the gate or the selection (plain on-policy
-GRPO: no controller, no adaptive coefficient); the update's first forward scores the batch, and the gate and the
-selection made from it afterwards only describe what STARE would have done.
+``ppo_epochs x mini_batches`` optimizer steps, each over token-budget micro-batches. A plan without a scoring
+pass has nothing that acts on the gate or the selection (plain on-policy GRPO: no controller, no adaptive
+coefficient); the update's first forward scores the batch, and the gate and the selection made from it
+afterwards only describe what STARE would have done.
 """
 
 from __future__ import annotations
