@@ -1,10 +1,11 @@
 """``python -m stare_lightning.compare <runs> [--table CSV] [--baseline ARM]``: seed statistics and one PNG.
 
 A directory of runs (a Hydra ``-m`` sweep, several sweeps side by side, or the small summaries committed
-beside a notebook) is read as arms x seeds. A run's arm is its algorithm's name, prefixed by the sweep folder
-it sits in when the directory holds several sweeps. For every arm and outcome the table gives the mean and
-sample standard deviation over seeds, and against the baseline arm (GRPO-ds when present) the mean of the
-paired differences (same seed, same prompts) with its 95% Student-t interval. Outcomes:
+beside a notebook) is read as arms x seeds. A run's arm is its algorithm's name (``_adaptive`` added for
+STARE's adaptive schedule), prefixed by the sweep folder it sits in when the directory holds several sweeps.
+For every arm and outcome the table gives the mean and sample standard deviation over seeds, and against the
+baseline arm (GRPO-ds when present) the mean of the paired differences (same seed, same prompts) with its 95%
+Student-t interval. Outcomes:
 - ``entropy``, ``distinct_correct``: training means over the last ``tail`` logged steps;
 - ``val_avg@n``, ``val_pass@<k>``: the mean of the last ``val_tail`` validations (3: steps 200-300 of the
   offline default), which halves the noise of one 64-problem evaluation.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Run", "compare", "find_runs", "run_outcomes", "seed_statistics"]
+__all__ = ["Run", "arm_label", "compare", "find_runs", "run_outcomes", "seed_statistics"]
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 30.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -43,6 +44,14 @@ def t_quantile_975(dof: int) -> float:
     return _T975[dof - 1] if dof <= len(_T975) else 1.96
 
 
+def arm_label(logged: dict | None, fallback: str) -> str:
+    """A run's arm from its logged hyper-parameters: the algorithm's name, ``_adaptive`` added when STARE's
+    schedule is adaptive (the same recipe with another W schedule is another arm); ``fallback`` without a name."""
+    algorithm = (logged or {}).get("algorithm") or {}
+    adaptive = "_adaptive" if (algorithm.get("stare") or {}).get("adaptive") else ""
+    return f"{algorithm.get('name') or fallback}{adaptive}"
+
+
 def find_runs(root: str | Path) -> list[Run]:
     """Every run under ``root`` (a ``metrics.csv`` beside a ``hparams.yaml``) with its arm and seed."""
     root = Path(root)
@@ -51,7 +60,7 @@ def find_runs(root: str | Path) -> list[Run]:
         logs = metrics.parent
         hparams = yaml.safe_load((logs / "hparams.yaml").read_text()) if (logs / "hparams.yaml").is_file() else {}
         job = logs.parent if logs.name == "logs" else logs  # a fit's job folder, or a summary's folder
-        algorithm = (hparams or {}).get("algorithm", {}).get("name") or job.name
+        algorithm = arm_label(hparams, job.name)
         found.append((job.parent.relative_to(root).parts, algorithm, int((hparams or {}).get("seed", 0)), logs))
     if not found:
         raise FileNotFoundError(f"no runs (metrics.csv with hparams.yaml) under {root}")

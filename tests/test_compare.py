@@ -96,3 +96,15 @@ def test_several_sweeps_name_their_arms_and_the_cli_writes_the_table(tmp_path, c
     printed = capsys.readouterr().out
     assert "| stare_o1_w2/stare_o1 | entropy | 2 | 0.150 +- 0.071 | +0.000 [+0.000, +0.000] |" in printed
     assert table.is_file() and (tmp_path / "comparison.png").is_file()
+
+
+def test_the_adaptive_schedule_is_an_arm_of_its_own(tmp_path):
+    """Summaries side by side (a study's committed data): STARE-O1 with a fixed W and with the adaptive schedule
+    log the same algorithm name, and must not be pooled as one arm."""
+    for label, adaptive in (("stare_o1_seed0", False), ("stare_o1_adaptive_seed0", True)):
+        folder = tmp_path / label
+        folder.mkdir()
+        logged = {"seed": 0, "algorithm": {"name": "stare_o1", "stare": {"adaptive": adaptive}}}
+        (folder / "hparams.yaml").write_text(yaml.safe_dump(logged))
+        (folder / "metrics.csv").write_text("step,train/entropy\n0,0.5\n")
+    assert sorted(r.arm for r in find_runs(tmp_path)) == ["stare_o1", "stare_o1_adaptive"]

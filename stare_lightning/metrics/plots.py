@@ -135,10 +135,10 @@ def sweep_run_label(job_logs: Path) -> str:
     """``<algorithm>[_adaptive]_seed<seed>`` from a fit's logged hyper-parameters."""
     import yaml
 
+    from stare_lightning.compare import arm_label
+
     logged = yaml.safe_load((job_logs / "hparams.yaml").read_text()) or {}
-    algorithm = logged.get("algorithm", {})
-    adaptive = "_adaptive" if algorithm.get("stare", {}).get("adaptive") else ""
-    return f"{algorithm.get('name', job_logs.parent.name)}{adaptive}_seed{logged.get('seed', 0)}"
+    return f"{arm_label(logged, job_logs.parent.name)}_seed{logged.get('seed', 0)}"
 
 
 def summarize_sweep(sweep_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
