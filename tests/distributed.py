@@ -7,6 +7,7 @@ return something picklable. Each rank runs on one thread: several ranks share th
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,10 @@ def run_on_ranks(
 
 def _rank_entry(rank: int, world: int, init_file: str, fn: Callable[..., Any], args: tuple, results) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # A collective that one rank never joins fails the test after five minutes instead of hanging it.
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(minutes=5)
+    )
     try:
         results[rank] = fn(rank, world, *args)
     finally:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.nn.functional import pad
 
+from stare_lightning import distributed
 from stare_lightning.algorithms import TokenStats, entropy_sensitivity, token_stats_from_logits
 from stare_lightning.algorithms.entropy_change import entropy_change
-from stare_lightning.step.batch import RolloutBatch, micro_batches
+from stare_lightning.step.batch import RolloutBatch, Rows, micro_batches
 from stare_lightning.step.forward import PADDED, ForwardLayout, micro_batch_logits, response_token_stats
 
 
@@ -43,16 +45,30 @@ class TokenScores:
         return cls(logprobs=logprobs, entropy=entropy, sum_p2=sum_p2, sum_p2_logp=sum_p2_logp, phi=phi)
 
 
+def forwards_in_step(batch: Rows, micro_batch_tokens: int, *, packed: bool) -> tuple[list[Rows], int]:
+    """``batch``'s micro-batches, then fillers (its first row) up to the most any rank has, and how many are real.
+
+    A sharded policy's forward is a collective (FSDP gathers each layer's parameters), so every rank must run as
+    many forwards as the others, even in a no-grad pass; a filler's output is dropped.
+    """
+    parts = list(micro_batches(batch, micro_batch_tokens, packed=packed))
+    count = torch.tensor(float(len(parts)), device=batch.input_ids.device)
+    most = int(distributed.all_reduce(count, dist.ReduceOp.MAX))
+    filler = batch.select(slice(0, 1)).trimmed()
+    return parts + [filler] * (most - len(parts)), len(parts)
+
+
 @torch.no_grad()
 def response_logits(
     policy: torch.nn.Module, batch: RolloutBatch, *, micro_batch_tokens: int, layout: ForwardLayout = PADDED
 ) -> list[Tensor]:
-    """The policy's response logits, one tensor per micro-batch of ``micro_batches(batch, ...)``, in eval mode."""
+    """The policy's response logits, one tensor per micro-batch of ``micro_batches(batch, ...)``, in eval mode
+    (with the fillers of ``forwards_in_step`` run and dropped)."""
     policy.eval()
-    parts = micro_batches(batch, micro_batch_tokens, packed=layout.packed)
+    parts, real = forwards_in_step(batch, micro_batch_tokens, packed=layout.packed)
     logits = [micro_batch_logits(policy, part, layout) for part in parts]
     policy.train()
-    return logits
+    return logits[:real]
 
 
 @torch.no_grad()
@@ -113,11 +129,8 @@ def score_batch(
 ) -> TokenScores:
     """The rollout policy's ``TokenScores`` over the whole batch, micro-batch by micro-batch, in eval mode."""
     policy.eval()
-    parts = [
-        response_token_stats(
-            policy, part, layout, temperature=temperature, chunk_size=chunk_size, with_sensitivity=True
-        )
-        for part in micro_batches(batch, micro_batch_tokens, packed=layout.packed)
-    ]
+    parts, real = forwards_in_step(batch, micro_batch_tokens, packed=layout.packed)
+    options = {"temperature": temperature, "chunk_size": chunk_size, "with_sensitivity": True}
+    stats = [response_token_stats(policy, part, layout, **options) for part in parts]
     policy.train()
-    return TokenScores.from_micro_batches(parts, batch.response_width)
+    return TokenScores.from_micro_batches(stats[:real], batch.response_width)
