@@ -302,6 +302,7 @@ def _balanced_rank_step(rank: int, world: int, tiny_dir: str, rows_of_rank: list
     return {"dealt": dealt, "received": received, "selected": selected}
 
 
+@pytest.mark.slow
 def test_two_ranks_deal_rows_by_workload_then_partition_and_select_as_the_reference(tiny_dir, tmp_path):
     """Two gloo ranks holding very unequal rows: after ``balance_batch`` each trains on the reference's half of
     the step (rows moved across ranks with their advantages), cut and selected as the reference would."""
