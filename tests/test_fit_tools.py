@@ -11,9 +11,7 @@ from stare_lightning.rollout.factory import vllm_available
 from tests.test_episodes import TOOL_RUN
 from tests.test_fit import read_metrics, run_cli, train_rows
 
-# The worker that runs the tool policy's cold start (tests/test_episodes.py) runs these too: on another worker
-# they would wait idle on the cold start's lock.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
+pytestmark = pytest.mark.slow
 
 SHORT = [
     *TOOL_RUN,
