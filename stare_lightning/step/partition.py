@@ -145,7 +145,7 @@ def balanced_micro_batches(batch: Rows, token_budget: int, device: torch.device 
     return [batch.select(torch.tensor(rows, device=batch.input_ids.device)).trimmed() for rows in groups]
 
 
-def balanced_rank_rows(batch: Rows, pad_token_id: int, device: torch.device | None = None) -> Rows:
+def balanced_rank_rows(batch: Rows, pad_token_id: int) -> Rows:
     """The rows this rank trains on after ``balance_batch`` over every rank's ``batch`` (``rank_partition``),
     in its order. On one process the rows are only reordered; with fewer rows than ranks nothing moves."""
     everyone = concatenate(distributed.all_gather_objects(batch.to("cpu")), pad_token_id=pad_token_id)

@@ -132,9 +132,10 @@ class StepRunner:
     def learn(self, collection: Collection, *, seed: int, lap: Callable[[str], None] = lambda _: None) -> StepResult:
         """Score, gate, select and update on ``collection``'s batch. ``seed``: the same on every rank (it orders
         the mini-batches); ``lap(phase)``: called as each phase ends, for a step timer."""
-        batch = collection.batch.to(self.device)
+        batch = collection.batch
         if self.plan.balanced:  # the reference trainer deals the step's rows to ranks before scoring them
-            batch = balanced_rank_rows(batch, self.pad_token_id, self.device)
+            batch = balanced_rank_rows(batch, self.pad_token_id)
+        batch = batch.to(self.device)
         logits_before = self._response_logits(batch) if self.same_batch_entropy else None
         lap("telemetry")
         scores = self._score(batch, logits_before) if self.plan.scoring_pass else None
