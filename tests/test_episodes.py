@@ -26,7 +26,9 @@ from stare_lightning.tools import ToolResult, build_format, build_tool
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
 
 # The cold start the offline tool experiment uses, on fewer records and steps (cached for the session).
-TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "model.cold_start.steps=300"]
+# The held-out problems are left out of the training records, so data.val_size is part of what the cold start
+# learns from: every test of the tool policy uses the same value and shares one warm-up.
+TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "data.val_size=8", "model.cold_start.steps=300"]
 BUDGET, TURNS = 96, 2
 
 
@@ -136,11 +138,22 @@ def test_the_first_turn_is_the_single_turn_sample(policy, tokenizer, prompts):
             assert tokenizer.decode(ids[:first_turn]).endswith("</code>")
 
 
+def _first_near_tie(policy, prompt, ids, mask, gap=1e-2):
+    """The first sampled position where the policy's two best logits are closer than ``gap`` (len(ids) if none):
+    at T = 1e-3 such a position is a coin flip that each engine draws from its own random stream."""
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    top2 = logits.topk(2, dim=-1).values
+    close = ((top2[:, 0] - top2[:, 1]) < gap) & torch.tensor(mask, dtype=torch.bool)
+    return int(close.nonzero()[0]) if close.any() else len(ids)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_vllm_and_hf_build_the_same_episodes(tool_policy_dir, policy, tokenizer, prompts):
     """Near-greedy sampling (the engines draw from different random streams, so at T = 1 only their
-    distributions agree): the same tokens, turn boundaries, tool replies and masks from both engines."""
+    distributions agree): the same tokens, turn boundaries, tool replies and masks from both engines, up to the
+    first near tie of the policy's logits (where the engines' fp32 kernels may rank the two best differently)."""
     from stare_lightning.rollout.vllm import VLLMRolloutEngine, vllm_import_error
 
     if vllm_import_error() is not None:
@@ -152,15 +165,22 @@ def test_vllm_and_hf_build_the_same_episodes(tool_policy_dir, policy, tokenizer,
     finally:
         engine.close()
     from_hf = _episodes(_hf(policy, tokenizer), tokenizer).generate(prompts, params, seeds=seeds)
-    assert any(e.tool_calls for e in from_hf.episodes)
-    assert from_vllm.response_ids == from_hf.response_ids
-    assert from_vllm.policy_masks == from_hf.policy_masks
-    assert from_vllm.finish_reasons == from_hf.finish_reasons
-    # At T = 1e-3 a log-prob difference is 1000x the logits': 1.0 here is 1e-3 in logit units, the spread of fp32
-    # logits between vLLM's CPU kernels and torch's on an AVX2-only CPU (0.29 seen; 0.2 held on AVX-512 machines).
-    for a, b, mask in zip(from_vllm.response_logprobs, from_hf.response_logprobs, from_hf.policy_masks):
-        assert max((abs(x - y) for x, y in zip(a, b)), default=0.0) < 1.0
-        assert all(x == y == 0.0 for x, y, sampled in zip(a, b, mask) if not sampled)
+    whole = []
+    for row, (ids, mask) in enumerate(zip(from_hf.response_ids, from_hf.policy_masks)):
+        cut = _first_near_tie(policy, prompts[row // params.n], ids, mask)
+        assert from_vllm.response_ids[row][:cut] == ids[:cut], f"row {row}"
+        assert from_vllm.policy_masks[row][:cut] == mask[:cut], f"row {row}"
+        # At T = 1e-3 a log-prob difference is 1000x the logits': 1.0 here is 1e-3 in logit units, the spread of
+        # fp32 logits between vLLM's CPU kernels and torch's on an AVX2-only CPU (0.29 seen; 0.2 on AVX-512).
+        a, b = from_vllm.response_logprobs[row][:cut], from_hf.response_logprobs[row][:cut]
+        assert max((abs(x - y) for x, y in zip(a, b)), default=0.0) < 1.0, f"row {row}"
+        assert all(x == y == 0.0 for x, y, sampled in zip(a, b, mask) if not sampled), f"row {row}"
+        if cut == len(ids):
+            whole.append(row)
+            assert from_vllm.response_ids[row] == ids and from_vllm.finish_reasons[row] == from_hf.finish_reasons[row]
+    # Near ties are rare: most episodes are compared whole, tool calls and replies included.
+    assert len(whole) >= len(from_hf.response_ids) - 4
+    assert any(from_hf.episodes[row].tool_calls for row in whole)
 
 
 @pytest.fixture(scope="module")
