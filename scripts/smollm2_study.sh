@@ -19,8 +19,11 @@ declare -A ARMS=(
   [grpo_ds]="algorithm=grpo_ds"
   [stare_o1]="algorithm=stare_o1"
   [stare_c2]="algorithm=stare_c2"
-  # From the paper's W = 1.1 toward w_max = 4 by 0.05 a step while the entropy is under its target.
-  [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.05"
+  # From the paper's W = 1.1 toward w_max = 4 while the entropy is under its target, back toward 1 while over it.
+  # The step, 0.25, follows from the first seed pair: STARE-O1's gate opened at step 60 of 100 and W = 3.2 would
+  # have zeroed its first-order entropy change, so W must reach that within a few of the ~40 gate-open steps. The
+  # paper's 0.05 (for thousands of steps) would get there at step ~100; 0.25 spans 1 to 4 in 12 steps.
+  [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.25"
 )
 ORDER=(grpo_ds stare_o1 stare_c2 stare_o1_adaptive)
 
