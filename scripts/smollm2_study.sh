@@ -8,13 +8,17 @@
 # - Two runners on one directory never take the same job (a lock per job). CHAINS=2 runs two queues side by side,
 #   one thread each; on a 2-core CPU that is no faster (measured: 40 s a step each, against 18.5 s alone, with the
 #   same start-up), so one queue is the default: about 35-40 min per job, 7-8 hours for the study.
+# - Killing the runner (TERM or INT) stops its job too (TERM, then KILL after 30 s), so no job runs on unowned.
 # - Then the small summaries that notebooks/smollm2_study.ipynb reads, and the seed statistics.
 #   scripts/smollm2_study.sh [directory (default multirun/smollm2_study)]
+# Environment: SEEDS, ARM_NAMES (a subset of the arms, in order), STUDY (the overrides every job starts from),
+# DATA (where the summaries go), PYTHON.
 set -euo pipefail
 OUT=${1:-multirun/smollm2_study}
 PY=${PYTHON:-.venv/bin/python}
 DATA=${DATA:-notebooks/data/smollm2_study}
 SEEDS=${SEEDS:-0 1 2}
+STUDY=${STUDY:-experiment=smollm2_study}
 declare -A ARMS=(
   [grpo_ds]="algorithm=grpo_ds"
   [stare_o1]="algorithm=stare_o1"
@@ -25,7 +29,20 @@ declare -A ARMS=(
   # paper's 0.05 (for thousands of steps) would get there at step ~100; 0.25 spans 1 to 4 in 12 steps.
   [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.25"
 )
-ORDER=(grpo_ds stare_o1 stare_c2 stare_o1_adaptive)
+read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
+for arm in "${ORDER[@]}"; do
+  [[ -v "ARMS[$arm]" ]] || { echo "ARM_NAMES: unknown arm '$arm' (known: ${!ARMS[*]})" >&2; exit 2; }
+done
+
+FIT=
+stop_fit() {  # on TERM/INT: the running fit goes down with the runner; its last checkpoint stays for a resume
+  if [[ -n "$FIT" ]]; then
+    kill -TERM "$FIT" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "$FIT" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$FIT" 2>/dev/null || true
+  fi
+  exit 143
+}
 
 run_job() {  # run_job ARM SEED: fit (or resume) one job unless it is finished or another runner holds it
   local arm=$1 seed=$2 dir="$OUT/$1/seed$2"
@@ -34,14 +51,18 @@ run_job() {  # run_job ARM SEED: fit (or resume) one job unless it is finished o
   exec {lock}>"$dir/.lock"
   flock -n "$lock" || { echo "$arm seed $seed: another runner has it"; return; }
   echo "$arm seed $seed: $( [[ -f "$dir/checkpoints/last.ckpt" ]] && echo resuming || echo starting ) ($(date +%H:%M))"
-  # shellcheck disable=SC2086 # an arm is a list of overrides
-  if "$PY" -m stare_lightning fit experiment=smollm2_study summary=false seed="$seed" output_dir="$dir" \
-    ckpt_path=last ${ARMS[$arm]} >>"$dir/runner.log" 2>&1; then
+  # In the background and waited for, so that a signal to the runner reaches stop_fit while the fit runs.
+  # shellcheck disable=SC2086 # the study and an arm are lists of overrides
+  "$PY" -m stare_lightning fit $STUDY summary=false seed="$seed" output_dir="$dir" ckpt_path=last ${ARMS[$arm]} \
+    >>"$dir/runner.log" 2>&1 &
+  FIT=$!
+  if wait "$FIT"; then
     touch "$dir/finished"
     rm -rf "$dir/checkpoints"
   else
     echo "$arm seed $seed: failed, see $dir/runner.log" >&2
   fi
+  FIT=
   flock -u "$lock"
 }
 
@@ -56,13 +77,16 @@ queue() {  # queue I N: every N-th job starting at I, seed by seed
 }
 
 if [[ "${CHAINS:-1}" == 2 ]]; then
-  # One thread each, and vLLM's decode threads pinned to a core of their own.
-  OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=0 queue 0 2 &
-  OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 queue 1 2 &
+  # One thread each, and vLLM's decode threads pinned to a core of their own; each queue stops its own fit.
+  (trap stop_fit TERM INT; OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=0 queue 0 2) &
+  (trap stop_fit TERM INT; OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 queue 1 2) &
+  trap 'kill -TERM $(jobs -p) 2>/dev/null; wait; exit 143' TERM INT
   wait
 else
+  trap stop_fit TERM INT
   queue 0 1
 fi
+trap - TERM INT
 for arm in "${ORDER[@]}"; do
   ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
   "$PY" -m stare_lightning.metrics.plots summarize "$OUT/$arm" "$DATA"

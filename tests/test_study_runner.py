@@ -1,0 +1,113 @@
+"""The study runner (scripts/smollm2_study.sh) on the tiny model: each job its own process, a killed runner takes
+its job down with it, and running it again resumes that job from its checkpoint, skips the finished ones and
+writes the summaries."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.test_fit import FAST, REPO, read_metrics, train_rows
+
+SCRIPT = REPO / "scripts" / "smollm2_study.sh"
+STEPS = 6
+STUDY = [
+    *FAST,
+    f"trainer.max_steps={STEPS}",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "trainer.val_check_interval=100",
+    "validation.before_fit=false",
+]
+
+
+def _runner(out, data, model_cache):
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "STUDY": " ".join(STUDY),
+        "SEEDS": "0",
+        "ARM_NAMES": "grpo_ds stare_o1",
+        "DATA": str(data),
+        "STARE_LIGHTNING_CACHE": model_cache,
+    }
+    return subprocess.Popen(
+        ["bash", str(SCRIPT), str(out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(proc, timeout=900):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def _nobody_holds(lock):
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return True
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_its_job_and_skips_the_finished_ones(tmp_path, model_cache):
+    out, data = tmp_path / "study", tmp_path / "data"
+    first_job = out / "grpo_ds" / "seed0"
+    checkpoint = first_job / "checkpoints" / "last.ckpt"
+
+    runner = _runner(out, data, model_cache)
+    deadline = time.time() + 600
+    while time.time() < deadline and runner.poll() is None:
+        if checkpoint.is_file():
+            try:
+                torch.load(checkpoint, map_location="cpu", weights_only=False)
+                break
+            except Exception:  # still being written
+                pass
+        time.sleep(0.1)
+    assert runner.poll() is None, "the runner ended before it could be killed"
+    os.kill(runner.pid, signal.SIGTERM)  # the runner alone, as a user's `kill` would
+    runner.communicate(timeout=120)
+    # The fit went down with the runner: nothing holds the job, it is not marked finished, its checkpoint stays.
+    assert _nobody_holds(first_job / ".lock")
+    assert not (first_job / "finished").exists() and checkpoint.is_file()
+    assert not (out / "stare_o1" / "seed0" / "logs").exists()
+
+    second = _finish(_runner(out, data, model_cache))
+    assert "grpo_ds seed 0: resuming" in second and "stare_o1 seed 0: starting" in second
+    for arm in ("grpo_ds", "stare_o1"):
+        job = out / arm / "seed0"
+        assert (job / "finished").is_file() and not (job / "checkpoints").exists()
+        assert sorted(train_rows(read_metrics(job))) == list(range(STEPS))
+        assert (data / f"{arm}_seed0" / "metrics.csv").is_file()
+    assert (data / "seed_statistics.csv").is_file()
+
+    rows = len(read_metrics(first_job))
+    third = _finish(_runner(out, data, model_cache))
+    assert "grpo_ds seed 0: finished already" in third and "stare_o1 seed 0: finished already" in third
+    assert len(read_metrics(first_job)) == rows
+
+
+def test_an_unknown_arm_is_refused_before_any_job(tmp_path):
+    env = {**os.environ, "ARM_NAMES": "grpo_ds stare_o2", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "other")], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "ARM_NAMES: unknown arm 'stare_o2'" in done.stderr and "stare_o1_adaptive" in done.stderr
+    assert not (tmp_path / "other").exists()
