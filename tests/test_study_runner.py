@@ -17,9 +17,11 @@ import torch
 from tests.test_fit import FAST, REPO, read_metrics, train_rows
 
 SCRIPT = REPO / "scripts" / "smollm2_study.sh"
-STEPS = 6
+STEPS = 4
 STUDY = [
     *FAST,
+    "data.prompts_per_step=4",
+    "rollout.n=4",
     f"trainer.max_steps={STEPS}",
     "callbacks.model_checkpoint.every_n_train_steps=2",
     "trainer.val_check_interval=100",
@@ -67,10 +69,10 @@ def _nobody_holds(lock):
 @pytest.mark.slow
 def test_a_killed_study_resumes_its_job_and_skips_the_finished_ones(tmp_path, model_cache):
     out, data = tmp_path / "study", tmp_path / "data"
-    first_job = out / "grpo_ds" / "seed0"
-    checkpoint = first_job / "checkpoints" / "last.ckpt"
+    first, second = out / "grpo_ds" / "seed0", out / "stare_o1" / "seed0"
+    checkpoint = second / "checkpoints" / "last.ckpt"
 
-    runner = _runner(out, data, model_cache)
+    runner = _runner(out, data, model_cache)  # the first job finishes, the second is killed in its run
     deadline = time.time() + 600
     while time.time() < deadline and runner.poll() is None:
         if checkpoint.is_file():
@@ -84,23 +86,20 @@ def test_a_killed_study_resumes_its_job_and_skips_the_finished_ones(tmp_path, mo
     os.kill(runner.pid, signal.SIGTERM)  # the runner alone, as a user's `kill` would
     runner.communicate(timeout=120)
     # The fit went down with the runner: nothing holds the job, it is not marked finished, its checkpoint stays.
-    assert _nobody_holds(first_job / ".lock")
-    assert not (first_job / "finished").exists() and checkpoint.is_file()
-    assert not (out / "stare_o1" / "seed0" / "logs").exists()
+    assert _nobody_holds(second / ".lock")
+    assert not (second / "finished").exists() and checkpoint.is_file()
+    assert (first / "finished").is_file() and not (first / "checkpoints").exists()
+    rows = len(read_metrics(first))
 
-    second = _finish(_runner(out, data, model_cache))
-    assert "grpo_ds seed 0: resuming" in second and "stare_o1 seed 0: starting" in second
-    for arm in ("grpo_ds", "stare_o1"):
-        job = out / arm / "seed0"
-        assert (job / "finished").is_file() and not (job / "checkpoints").exists()
+    again = _finish(_runner(out, data, model_cache))
+    assert "grpo_ds seed 0: finished already" in again and "stare_o1 seed 0: resuming" in again
+    assert len(read_metrics(first)) == rows  # not run again
+    assert (second / "finished").is_file() and not (second / "checkpoints").exists()
+    for job in (first, second):
         assert sorted(train_rows(read_metrics(job))) == list(range(STEPS))
-        assert (data / f"{arm}_seed0" / "metrics.csv").is_file()
+    for label in ("grpo_ds_seed0", "stare_o1_seed0"):
+        assert (data / label / "metrics.csv").is_file()
     assert (data / "seed_statistics.csv").is_file()
-
-    rows = len(read_metrics(first_job))
-    third = _finish(_runner(out, data, model_cache))
-    assert "grpo_ds seed 0: finished already" in third and "stare_o1 seed 0: finished already" in third
-    assert len(read_metrics(first_job)) == rows
 
 
 def test_an_unknown_arm_is_refused_before_any_job(tmp_path):
