@@ -140,7 +140,11 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
         ["grpo_ds_seed1", "grpo_ds_seed2", "grpo_ds_seed3", "stare_c2_seed1", "stare_o1_adaptive_seed3"],
         1,
     ),
-    "smollm2_study.ipynb": ("data/smollm2_study", ["grpo_ds_seed0", "stare_c2_seed0", "stare_o1_seed0"], 2),
+    "smollm2_study.ipynb": (
+        "data/smollm2_study",
+        ["grpo_ds_seed0", "stare_c2_seed0", "stare_o1_adaptive_seed0", "stare_o1_seed0"],
+        2,
+    ),
 }
 
 
