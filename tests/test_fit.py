@@ -35,6 +35,20 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(handle)]
 
 
+def wait_for_checkpoint(proc, checkpoint: Path, timeout: float = 600) -> None:
+    """Wait until ``checkpoint`` is written whole while ``proc`` still runs (so that it can be killed mid-run)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.is_file():
+            try:
+                torch.load(checkpoint, map_location="cpu", weights_only=False)
+                break
+            except Exception:  # still being written
+                pass
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+
+
 def train_rows(rows):
     return {int(r["step"]): r for r in rows if "train/entropy" in r}
 
@@ -146,16 +160,7 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
     killed = tmp_path / "killed"
     proc = run_cli(["fit", f"output_dir={killed}", *common], model_cache, start_new_session=True)
     checkpoint = killed / "checkpoints" / "epoch=0-step=2.ckpt"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if checkpoint.is_file():
-            try:
-                torch.load(checkpoint, map_location="cpu", weights_only=False)
-                break
-            except Exception:  # still being written
-                pass
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    wait_for_checkpoint(proc, checkpoint)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 

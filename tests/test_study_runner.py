@@ -9,12 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-import torch
 
-from tests.test_fit import FAST, REPO, read_metrics, train_rows
+from tests.test_fit import FAST, REPO, read_metrics, train_rows, wait_for_checkpoint
 
 SCRIPT = REPO / "scripts" / "smollm2_study.sh"
 STEPS = 4
@@ -73,16 +71,7 @@ def test_a_killed_study_resumes_its_job_and_skips_the_finished_ones(tmp_path, mo
     checkpoint = second / "checkpoints" / "last.ckpt"
 
     runner = _runner(out, data, model_cache)  # the first job finishes, the second is killed in its run
-    deadline = time.time() + 600
-    while time.time() < deadline and runner.poll() is None:
-        if checkpoint.is_file():
-            try:
-                torch.load(checkpoint, map_location="cpu", weights_only=False)
-                break
-            except Exception:  # still being written
-                pass
-        time.sleep(0.1)
-    assert runner.poll() is None, "the runner ended before it could be killed"
+    wait_for_checkpoint(runner, checkpoint)
     os.kill(runner.pid, signal.SIGTERM)  # the runner alone, as a user's `kill` would
     runner.communicate(timeout=120)
     # The fit went down with the runner: nothing holds the job, it is not marked finished, its checkpoint stays.
