@@ -49,7 +49,7 @@ run_job() {  # run_job ARM SEED: fit (or resume) one job unless it is finished o
   mkdir -p "$dir"
   [[ -f "$dir/finished" ]] && { echo "$arm seed $seed: finished already"; return; }
   exec {lock}>"$dir/.lock"
-  flock -n "$lock" || { echo "$arm seed $seed: another runner has it"; return; }
+  flock -n "$lock" || { echo "$arm seed $seed: another runner has it"; exec {lock}>&-; return; }
   echo "$arm seed $seed: $( [[ -f "$dir/checkpoints/last.ckpt" ]] && echo resuming || echo starting ) ($(date +%H:%M))"
   # In the background and waited for, so that a signal to the runner reaches stop_fit while the fit runs.
   # shellcheck disable=SC2086 # the study and an arm are lists of overrides
@@ -64,6 +64,7 @@ run_job() {  # run_job ARM SEED: fit (or resume) one job unless it is finished o
   fi
   FIT=
   flock -u "$lock"
+  exec {lock}>&-  # closed, so that later jobs' fits do not inherit it
 }
 
 queue() {  # queue I N: every N-th job starting at I, seed by seed
