@@ -11,8 +11,8 @@
 # - Killing the runner (TERM or INT) stops its job too (TERM, then KILL after 30 s), so no job runs on unowned.
 # - Then the small summaries that notebooks/smollm2_study.ipynb reads, and the seed statistics.
 #   scripts/smollm2_study.sh [directory (default multirun/smollm2_study)]
-# Environment: SEEDS, ARM_NAMES (a subset of the arms, in order), STUDY (the overrides every job starts from),
-# DATA (where the summaries go), PYTHON.
+# Environment: SEEDS, ARM_NAMES (the arms to run, in order; default the four study arms, not the probe), STUDY (the
+# overrides every job starts from), DATA (where the summaries go), PYTHON.
 set -euo pipefail
 OUT=${1:-multirun/smollm2_study}
 PY=${PYTHON:-.venv/bin/python}
@@ -28,6 +28,10 @@ declare -A ARMS=(
   # have zeroed its first-order entropy change, so W must reach that within a few of the ~40 gate-open steps. The
   # paper's 0.05 (for thousands of steps) would get there at step ~100; 0.25 spans 1 to 4 in 12 steps.
   [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.25"
+  # A probe outside the twelve jobs (ARM_NAMES=stare_c2_m05 SEEDS=0): in seed 0's gate-open steps the L- tokens
+  # pull the entropy down five times harder at weight 1 (-0.018 a step) than L+ pulls it up (+0.0035), so M is the
+  # stronger knob; at W = 2 the first-order change crosses zero near M = 0.6. 0.5 is the paper's m_min.
+  [stare_c2_m05]="algorithm=stare_c2 algorithm.stare.m=0.5"
 )
 read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
 for arm in "${ORDER[@]}"; do
