@@ -30,8 +30,9 @@ declare -A ARMS=(
   [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.25"
   # A probe outside the twelve jobs (ARM_NAMES=stare_c2_m05 SEEDS=0): in seed 0's gate-open steps the L- tokens
   # pull the entropy down five times harder at weight 1 (-0.018 a step) than L+ pulls it up (+0.0035), so M is the
-  # stronger knob; at W = 2 the first-order change crosses zero near M = 0.6. 0.5 is the paper's m_min.
-  [stare_c2_m05]="algorithm=stare_c2 algorithm.stare.m=0.5"
+  # stronger knob; at W = 2 the first-order change crosses zero near M = 0.6. 0.5 is the paper's m_min. Its own
+  # name, so that its logs, summaries and `compare` rows are not taken for STARE-C2's.
+  [stare_c2_m05]="algorithm=stare_c2 algorithm.stare.m=0.5 algorithm.name=stare_c2_m05"
 )
 read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
 for arm in "${ORDER[@]}"; do
