@@ -97,4 +97,4 @@ for arm in "${ORDER[@]}"; do
   ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
   "$PY" -m stare_lightning.metrics.plots summarize "$OUT/$arm" "$DATA"
 done
-"$PY" -m stare_lightning.compare "$OUT" --table "$DATA/seed_statistics.csv"
+"$PY" -m stare_lightning.compare "$OUT" --tail 10 --table "$DATA/seed_statistics.csv"  # entropy: steps 90-99
