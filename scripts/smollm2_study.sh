@@ -28,11 +28,14 @@ declare -A ARMS=(
   # have zeroed its first-order entropy change, so W must reach that within a few of the ~40 gate-open steps. The
   # paper's 0.05 (for thousands of steps) would get there at step ~100; 0.25 spans 1 to 4 in 12 steps.
   [stare_o1_adaptive]="algorithm=stare_o1 algorithm.stare.adaptive=true algorithm.stare.w=1.1 algorithm.stare.w_max=4.0 algorithm.stare.alpha=0.25"
-  # A probe outside the twelve jobs (ARM_NAMES=stare_c2_m05 SEEDS=0): in seed 0's gate-open steps the L- tokens
-  # pull the entropy down five times harder at weight 1 (-0.018 a step) than L+ pulls it up (+0.0035), so M is the
-  # stronger knob; at W = 2 the first-order change crosses zero near M = 0.6. 0.5 is the paper's m_min. Its own
-  # name, so that its logs, summaries and `compare` rows are not taken for STARE-C2's.
+  # Two probes outside the twelve jobs, the knobs seed 0's telemetry points to (ARM_NAMES="stare_c2_m05
+  # stare_o1_target07" SEEDS=0), each under its own name so that its summaries and `compare` rows stay apart.
+  # Under the 0.52 target, the L- tokens pull the entropy down four to five times harder at weight 1 than L+
+  # pulls it up, and L+'s pull fades as the entropy falls (GRPO-ds: W for a zero first-order change 1.1 at 0.89
+  # nats, 1.9 at 0.68, 2.7 at 0.44, 4.3 at 0.26). So: M on L- (at W = 2 the change crosses zero near M = 0.6;
+  # 0.5 is the paper's m_min), or the gate opening while W = 2 still suffices (0.7: 0.8 of the start, not 0.6).
   [stare_c2_m05]="algorithm=stare_c2 algorithm.stare.m=0.5 algorithm.name=stare_c2_m05"
+  [stare_o1_target07]="algorithm=stare_o1 algorithm.stare.target_entropy=0.7 algorithm.name=stare_o1_target07"
 )
 read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
 for arm in "${ORDER[@]}"; do
