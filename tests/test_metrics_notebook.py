@@ -142,7 +142,15 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
     ),
     "smollm2_study.ipynb": (
         "data/smollm2_study",
-        ["grpo_ds_seed0", "grpo_ds_seed1", "stare_c2_seed0", "stare_o1_adaptive_seed0", "stare_o1_seed0"],
+        [
+            "grpo_ds_seed0",
+            "grpo_ds_seed1",
+            "stare_c2_seed0",
+            "stare_o1_adaptive_seed0",
+            "stare_o1_seed0",
+            "stare_c2_m05_seed0",
+            "stare_o1_target07_seed0",
+        ],
         2,
     ),
 }
