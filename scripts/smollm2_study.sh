@@ -11,7 +11,7 @@
 # - Killing the runner (TERM or INT) stops its job too (TERM, then KILL after 30 s), so no job runs on unowned.
 # - Then the small summaries that notebooks/smollm2_study.ipynb reads, and the seed statistics.
 #   scripts/smollm2_study.sh [directory (default multirun/smollm2_study)]
-# Environment: SEEDS, ARM_NAMES (the arms to run, in order; default the four study arms, not the probe), STUDY (the
+# Environment: SEEDS, ARM_NAMES (the arms to run, in order; default the four study arms, not the probes), STUDY (the
 # overrides every job starts from), DATA (where the summaries go), PYTHON.
 set -euo pipefail
 OUT=${1:-multirun/smollm2_study}
