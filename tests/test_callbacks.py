@@ -183,6 +183,60 @@ def test_final_checkpoint_no_extra_save_when_final_step_saved(tmp_path):
     assert saves.count(("last.ckpt", 4)) == 1
 
 
+class KilledWhileValidating(Exception):
+    pass
+
+
+class ManualToyModule(lightning.LightningModule):
+    """As the STARE module: manual optimisation, one optimizer step per batch. Records the step of every
+    validation (in ``validated``, shared across a resume) and dies inside the validation of ``die_at``."""
+
+    def __init__(self, validated, die_at=None):
+        super().__init__()
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(2, 1)
+        self.validated, self.die_at = validated, die_at
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(self.layer(batch[0]).pow(2).mean())
+        optimizer.step()
+
+    def validation_step(self, batch, batch_idx):
+        if self.global_step == self.die_at:
+            raise KilledWhileValidating
+        self.validated.append(self.global_step)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+VALIDATE_EVERY_2_STEPS = dict(limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0)
+
+
+@pytest.mark.parametrize("cls", [FinalStateCheckpoint, ModelCheckpoint])
+def test_final_checkpoint_resume_keeps_a_validation_cut_by_a_kill(tmp_path, cls):
+    """Validation and a checkpoint every 2 steps; the run dies inside step 4's validation and is resumed from
+    ``last``. Plain ``ModelCheckpoint`` saved step 4 before its validation, and the resume skips that validation;
+    ``FinalStateCheckpoint`` saves after each validation, so the resume redoes steps 3-4 and validates at 4."""
+    validated, dirpath = [], tmp_path / "checkpoints"
+
+    def run(die_at, ckpt_path):
+        callback = cls(dirpath=dirpath, every_n_train_steps=2, save_last=True, save_top_k=0)
+        module = ManualToyModule(validated, die_at)
+        fit(module, tmp_path, [callback], 6, ckpt_path=ckpt_path, **VALIDATE_EVERY_2_STEPS)
+
+    with pytest.raises(KilledWhileValidating):
+        run(die_at=4, ckpt_path=None)
+    resumed_from = torch.load(dirpath / "last.ckpt", weights_only=False)["global_step"]
+    run(die_at=None, ckpt_path=dirpath / "last.ckpt")
+    if cls is FinalStateCheckpoint:
+        assert (resumed_from, validated) == (2, [2, 4, 6])
+    else:
+        assert (resumed_from, validated) == (4, [2, 6]), "Lightning's own behaviour, which the subclass fixes"
+
+
 # -------------------------------------------------------------------------------------------- RunSummary
 
 STEPS = 12
