@@ -152,6 +152,7 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
             "stare_o1_adaptive_seed1",
             "stare_o1_seed0",
             "stare_o1_seed1",
+            "stare_o1_seed2",
             "stare_c2_m05_seed0",
             "stare_o1_target07_seed0",
         ],
