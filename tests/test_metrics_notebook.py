@@ -148,6 +148,7 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
             "grpo_ds_seed2",
             "stare_c2_seed0",
             "stare_c2_seed1",
+            "stare_c2_seed2",
             "stare_o1_adaptive_seed0",
             "stare_o1_adaptive_seed1",
             "stare_o1_seed0",
