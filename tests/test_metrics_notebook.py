@@ -151,6 +151,7 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
             "stare_c2_seed2",
             "stare_o1_adaptive_seed0",
             "stare_o1_adaptive_seed1",
+            "stare_o1_adaptive_seed2",
             "stare_o1_seed0",
             "stare_o1_seed1",
             "stare_o1_seed2",
