@@ -124,15 +124,18 @@ def test_two_process_fsdp_fit_matches_one_process_and_resumes(reference, tmp_pat
     want = _export(reference, tmp_path / "hf_one_process", model_cache)
     have = _export(sharded, tmp_path / "hf_fsdp", model_cache)
     assert want.keys() == have.keys()
+    # Two ranks sum the gradients in another order than one process (about 1e-7 relative); Adam divides each
+    # element by its own second moment, which lifts that to about 1e-5 on an odd element after three steps.
+    atol = 2e-5
     for name in want:
-        torch.testing.assert_close(have[name], want[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(have[name], want[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
     # Both runs trained: the weights moved away from their common start by far more than the tolerance.
     from transformers import AutoModelForCausalLM
 
     last = torch.load(reference / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 3, "last.ckpt must hold the final step, not the last periodic save (step 2)"
     start = AutoModelForCausalLM.from_pretrained(last["hyper_parameters"]["model_dir"]).state_dict()
-    assert max((want[name] - start[name]).abs().max().item() for name in want) > 50 * 1e-5
+    assert max((want[name] - start[name]).abs().max().item() for name in want) > 25 * atol
 
 
 def test_two_process_ppo_mini_batches_match_one_process(tmp_path, model_cache):
