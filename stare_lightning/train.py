@@ -25,6 +25,7 @@ from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tu
 from stare_lightning.models.registry import default_cache_dir, resolve_model
 from stare_lightning.run_config import RunConfig
 from stare_lightning.tools import Tool, build_format, build_tool_from_config
+from stare_lightning.trainer.checkpoint_trust import vet_checkpoint
 
 
 def prepare_model(cfg: RunConfig, datamodule: PromptDataModule | None = None, tool: Tool | None = None) -> Path:
@@ -122,10 +123,15 @@ def _setup(cfg: RunConfig):
 
 
 def _checkpoint_path(cfg: RunConfig) -> str | None:
-    if cfg.ckpt_path == "last":
-        path = Path(cfg.output_dir) / "checkpoints" / "last.ckpt"
-        return str(path) if path.exists() else None
-    return cfg.ckpt_path
+    """The checkpoint to resume from, read through once as data only (a hostile one fails here, before any
+    model is prepared); Lightning then loads it with ``weights_only=True``."""
+    path = cfg.ckpt_path
+    if path == "last":
+        last = Path(cfg.output_dir) / "checkpoints" / "last.ckpt"
+        path = str(last) if last.exists() else None
+    if path is not None:
+        vet_checkpoint(path)
+    return path
 
 
 # Lightning warnings that do not apply here: checkpoints hold the post-update state on purpose (that is what a
@@ -145,21 +151,22 @@ def ignore_expected_warnings() -> None:
 
 def fit(cfg: RunConfig):
     ignore_expected_warnings()
+    ckpt_path = _checkpoint_path(cfg)
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     hint_if_page_faulting(isinstance(trainer.accelerator, CPUAccelerator))
-    ckpt_path = _checkpoint_path(cfg)
     if cfg.validation.before_fit and ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     return trainer
 
 
 def validate(cfg: RunConfig):
     ignore_expected_warnings()
+    ckpt_path = _checkpoint_path(cfg)
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
-    return trainer.validate(module, datamodule=datamodule, ckpt_path=_checkpoint_path(cfg))
+    return trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
 
 def export(cfg: RunConfig) -> Path:

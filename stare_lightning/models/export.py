@@ -6,8 +6,6 @@ the base model's layout with every adapter merged (``models/lora.py``), loadable
 
 from __future__ import annotations
 
-import pickle
-import tempfile
 from pathlib import Path
 
 import torch
@@ -15,36 +13,26 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import merge_adapters
+from stare_lightning.trainer.checkpoint_trust import (
+    LIGHTNING_META_FILE,
+    load_distributed_tensors,
+    load_file,
+    vet_checkpoint,
+)
 
 POLICY_PREFIX = "policy."
-
-
-def _load_file(path: Path) -> dict:
-    """``torch.load`` with ``weights_only=True``: a checkpoint is data, and one shared by someone else must not be
-    able to run code when it is unpickled (tensors, containers and plain values only)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first_line = str(exc).strip().splitlines()[0]
-        raise ValueError(
-            f"{path} holds objects other than tensors and plain values, which export refuses to unpickle "
-            f"(weights_only=True: a checkpoint must not be able to run code): {first_line}"
-        ) from None
+DISTRIBUTED_MODEL_PREFIX = "model."  # Lightning saves the module's state under "model" in a distributed checkpoint
 
 
 def _load_checkpoint(path: Path) -> dict:
-    if path.is_dir():  # a distributed checkpoint: tensors in *.distcp shards, the rest in meta.pt
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            single = Path(tmp) / "checkpoint.pt"
-            dcp_to_torch_save(str(path), str(single))
-            checkpoint = _load_file(single)
-        meta = path / "meta.pt"
-        if meta.is_file():
-            checkpoint.update(_load_file(meta))
+    """The checkpoint's policy weights and hyper-parameters, read as data only (``trainer/checkpoint_trust.py``)."""
+    vet_checkpoint(path)
+    if path.is_dir():  # a distributed checkpoint: tensors in *.distcp shards, the rest in Lightning's meta.pt
+        meta = path / LIGHTNING_META_FILE
+        checkpoint = load_file(meta) if meta.is_file() else {}
+        checkpoint["state_dict"] = load_distributed_tensors(path, prefix=DISTRIBUTED_MODEL_PREFIX)
         return checkpoint
-    return _load_file(path)
+    return load_file(path)
 
 
 def _merged_lora(weights: dict, checkpoint: dict, ckpt_path: Path) -> dict:
@@ -59,15 +47,13 @@ def _merged_lora(weights: dict, checkpoint: dict, ckpt_path: Path) -> dict:
 
 def export_checkpoint(ckpt_path: str | Path, export_dir: str | Path) -> Path:
     ckpt_path, export_dir = Path(ckpt_path), Path(export_dir)
-    if not ckpt_path.exists():
-        raise FileNotFoundError(f"ckpt_path={str(ckpt_path)!r} does not exist")
     checkpoint = _load_checkpoint(ckpt_path)
     model_dir = checkpoint.get("hyper_parameters", {}).get("model_dir")
     if model_dir is None or not Path(model_dir).is_dir():
         raise ValueError(
             f"{ckpt_path} does not name an existing base model directory (hyper_parameters.model_dir={model_dir!r})"
         )
-    state = checkpoint.get("state_dict") or checkpoint.get("model") or {}
+    state = checkpoint.get("state_dict") or {}
     weights = {k[len(POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
         raise ValueError(f"{ckpt_path} holds no policy weights (no state_dict keys start with {POLICY_PREFIX!r})")

@@ -1,18 +1,23 @@
-"""Checkpoint writes that fail clearly and never damage the checkpoint already on disk.
+"""Checkpoint writes that fail clearly and never damage the checkpoint already on disk; reads that load data only.
 
 Lightning's ``TorchCheckpointIO`` already writes local files through a temporary file that is moved into
 place only when complete, so a write that dies half-way (disk full, quota, file-size limit) leaves the
 previous ``last.ckpt`` intact. What it lacks is a message a user can act on: this subclass turns the bare
-``OSError`` into one that names the file, the cause, and what was kept.
+``OSError`` into one that names the file, the cause, and what was kept. Reads always use ``weights_only=True``,
+whatever the caller asks (``trainer/checkpoint_trust.py`` states the policy).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from stare_lightning.trainer.checkpoint_trust import untrusted_content
 
 
 class CheckpointWriteError(OSError):
@@ -34,3 +39,9 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise CheckpointWriteError(
                 error.errno, f"could not write checkpoint {path}: {cause}; {kept}.{hint}"
             ) from error
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise untrusted_content(Path(path), "holds objects other than tensors and plain values", exc) from None
