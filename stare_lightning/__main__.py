@@ -38,9 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     import hydra
 
     cli.register_schema()  # conf/config.yaml's first default is the typed schema
-    if not any(arg.startswith("-") for arg in overrides):  # not a sweep or a Hydra flag: compose once to check
-        own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-        user_errors.reported(lambda: cli.compose(own), verbose="verbose=true" in overrides)
+    user_errors.reported(lambda: _check_before_hydra(overrides), verbose="verbose=true" in overrides)
 
     def job(cfg) -> None:
         user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
@@ -51,6 +49,27 @@ def main(argv: list[str] | None = None) -> None:
     entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(job)
     sys.argv = [sys.argv[0], *argv[1:]]
     entry()
+
+
+def _check_before_hydra(argv: list[str]) -> None:
+    """Refuse, before Hydra acts on anything, what would let a config run code: Hydra's pickled-config rerun,
+    config directories other than the project's, and any target outside the allow-list (sweeps included)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if args.experimental_rerun is not None:
+        raise ValueError(
+            f"--experimental-rerun {args.experimental_rerun} is refused: it unpickles a saved config, which can "
+            "run code; rerun with the overrides in that run's .hydra/overrides.yaml instead"
+        )
+    if args.config_path is not None or args.config_dir is not None:
+        raise ValueError(
+            "--config-path/--config-dir are not supported: put experiment files under conf/experiment/ "
+            "(or pass overrides); every config the run composes is checked before it starts"
+        )
+    if args.help or args.hydra_help or args.shell_completion or args.info:
+        return
+    cli.check_what_hydra_will_build(args.overrides, config_name=args.config_name or "config")
 
 
 if __name__ == "__main__":

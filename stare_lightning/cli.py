@@ -69,14 +69,62 @@ def register_schema() -> None:
     register()
 
 
-def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """``conf/config.yaml`` composed with these overrides, as ``python -m stare_lightning`` would (no Hydra run)."""
+def compose(overrides: Sequence[str] = (), *, with_hydra: bool = False, config_name: str = "config") -> DictConfig:
+    """``conf/config.yaml`` composed with these overrides, as ``python -m stare_lightning`` would (no Hydra run);
+    ``with_hydra``: keep Hydra's own node (``hydra.*``) in the result."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     register_schema()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=with_hydra)
+
+
+def _is_plain_value(text: str) -> bool:
+    """A number or a boolean: a sweep over such values cannot name a config file or construct anything."""
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text.lower() in ("true", "false", "null")
+
+
+def _compositions(overrides: Sequence[str]) -> list[list[str]]:
+    """Override lists that together compose every config file and value a (multi)run could use: each sweep at
+    its first value, then each other non-numeric value of each sweep once (linear in the sweep's size)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+
+    def line(override, value: str) -> str:
+        prefix = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~"}.get(override.type.name, "")
+        return f"{prefix}{override.key_or_group}={value}"
+
+    sweeps = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_sweep_override()}
+    base = [line(o, sweeps[i][0]) if i in sweeps else o.input_line for i, o in enumerate(parsed)]
+    variants = [base]
+    for i, values in sweeps.items():
+        for value in values[1:]:
+            if not _is_plain_value(value):
+                variants.append([*base[:i], line(parsed[i], value), *base[i + 1 :]])
+    return variants
+
+
+def check_what_hydra_will_build(overrides: Sequence[str], config_name: str = "config") -> None:
+    """Before Hydra starts: every ``_target_`` and every part of Hydra's own node that the run's configs would
+    construct is checked (``config/targets.py``), sweeps included. Hydra builds its callbacks, launcher and
+    logging before any of the project's code runs, so this is the only moment to refuse them."""
+    from omegaconf import OmegaConf
+
+    from stare_lightning.config.targets import check_hydra_node, check_opt_ins, check_targets
+
+    for variant in _compositions(overrides):
+        # Unresolved: Hydra's runtime values do not exist yet (an interpolated _target_ matches no name: refused).
+        tree = OmegaConf.to_container(compose(variant, with_hydra=True, config_name=config_name), resolve=False)
+        allowed = list(tree.get("allowed_targets") or [])
+        check_opt_ins(allowed)
+        check_hydra_node(tree.get("hydra"), allowed)
+        check_targets({k: v for k, v in tree.items() if k != "hydra"}, allowed)
 
 
 def _hydra_output_dir() -> str | None:

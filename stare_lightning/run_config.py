@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_lightning.algorithms.config import AlgorithmConfig
 from stare_lightning.config.checks import flag, number
+from stare_lightning.config.targets import check_opt_ins, check_target_name, check_targets
 from stare_lightning.data.config import DataConfig
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
 from stare_lightning.models.config import ModelConfig
@@ -56,6 +57,7 @@ class RunConfig:
         number("seed", self.seed, low=0, integer=True)
         flag("summary", self.summary)
         flag("verbose", self.verbose)
+        self._check_targets()
         accelerator = (self.trainer or {}).get("accelerator", "auto")
         if self.rollout.enable_sleep_mode and (self.rollout.backend == "hf" or accelerator == "cpu"):
             raise ValueError(
@@ -73,6 +75,13 @@ class RunConfig:
                 f"validation.pass_k={self.validation.pass_k} has k > every benchmark's samples per problem "
                 f"(rollout.val_n={self.rollout.val_n}, data.val_sets n up to {largest_n})"
             )
+
+    def _check_targets(self) -> None:
+        """Everything the run will construct, against the allow-list (``config/targets.py``), before it starts."""
+        check_opt_ins(self.allowed_targets)
+        for group in ("trainer", "callbacks", "logger"):
+            check_targets(getattr(self, group), self.allowed_targets, where=group)
+        check_target_name(self.optim.optimizer, "optim.optimizer", self.allowed_targets)
 
     def _check_memory_levers(self, accelerator: str) -> None:
         """LoRA, the fused LM head and FSDP2's CPU offload, refused where they would break or do nothing."""

@@ -214,40 +214,78 @@ def test_one_table_of_subcommands():
         cli.run("train", OmegaConf.create({}))
 
 
-def test_allow_list_refuses_arbitrary_targets():
+def test_allow_list_refuses_arbitrary_targets(tmp_path, monkeypatch):
     with pytest.raises(DisallowedTargetError, match="os.system"):
         safe_instantiate({"_target_": "os.system", "command": "true"})
     with pytest.raises(DisallowedTargetError, match=r"callbacks.evil"):
         instantiate_collection({"evil": {"_target_": "subprocess.call", "args": ["true"]}}, where="callbacks")
-    # A nested target is checked too, and a user can trust more code explicitly.
-    nested = {"_target_": "collections.OrderedDict", "inner": {"_target_": "collections.Counter"}}
-    with pytest.raises(DisallowedTargetError):
+    # A nested target is checked too, and a user can trust a class of their own explicitly, by name.
+    (tmp_path / "own_targets.py").write_text(
+        "class Box:\n    def __init__(self, inner=None):\n        self.inner = inner\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nested = {"_target_": "own_targets.Box", "inner": {"_target_": "lightning.pytorch.callbacks.Timer"}}
+    with pytest.raises(DisallowedTargetError, match=r"<root>._target_='own_targets.Box' is not allowed"):
         safe_instantiate(nested)
-    assert safe_instantiate(nested, extra_allowed=["collections."]) is not None
+    box = safe_instantiate(nested, extra_allowed=["own_targets.Box"])
+    assert type(box).__name__ == "Box" and type(box.inner).__name__ == "Timer"
+    nested["inner"]["_target_"] = "lightning.pytorch.cli.instantiate_class"
+    with pytest.raises(DisallowedTargetError, match=r"inner._target_='lightning.pytorch.cli.instantiate_class'"):
+        safe_instantiate(nested, extra_allowed=["own_targets.Box"])
 
 
 @pytest.mark.parametrize(
-    "target, reason",
+    "target",
     [
-        (
-            "stare_lightning.config.instantiate.importlib.import_module",
-            "'stare_lightning.config.instantiate.importlib' is 'importlib'",
-        ),
-        ("stare_lightning.rewards.pool.os.system", "is 'os'"),
-        ("lightning.pytorch.trainer.trainer.os.system", "is 'os'"),
-        ("stare_lightning.config.instantiate.__builtins__", "private names"),
-        ("lightning.pytorch.callbacks.EarlyStopping.__init__.__globals__", "private names"),
-        ("stare_lightning.no_such_module.Thing", "cannot be resolved"),
+        "lightning.pytorch.cli.instantiate_class",  # calls whatever class_path names
+        "stare_lightning.tools.sandbox_process.ProcessRunner.run",  # a method, called with its own self
+        "hydra.utils.instantiate",
+        "stare_lightning.config.instantiate.importlib.import_module",  # a path through a module attribute
+        "stare_lightning.rewards.pool.os.system",
+        "lightning.pytorch.trainer.trainer.os.system",
+        "lightning.pytorch.callbacks.early_stopping.EarlyStopping",  # an allowed class, by another path
+        "lightning.pytorch.callbacks.EarlyStopping.__init__.__globals__",
+        "stare_lightning.config.instantiate.__builtins__",
     ],
 )
-def test_targets_are_checked_as_objects_not_strings(target, reason):
-    """Each of these starts with an allowed prefix; what it resolves to does not live there."""
-    with pytest.raises(DisallowedTargetError, match=re.escape(reason)):
+def test_only_listed_names_are_targets(target):
+    """Each of these starts with a package prefix the project once allowed; none is on the list."""
+    with pytest.raises(DisallowedTargetError, match=re.escape(f"_target_={target!r} is not allowed")):
         safe_instantiate({"_target_": target})
 
 
-def test_every_shipped_target_resolves_inside_the_allow_list():
-    from stare_lightning.config.instantiate import DEFAULT_ALLOWED_PREFIXES, _refusal
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("os.system", "standard library (os)"),
+        ("builtins.eval", "standard library (builtins)"),
+        ("lightning.pytorch.cli.instantiate_class", "lightning.pytorch.cli evaluates, imports or runs"),
+        ("hydra.utils.instantiate", "hydra evaluates"),
+        ("stare_lightning.tools.sandbox_process.ProcessRunner", "stare_lightning evaluates"),
+        ("sympy.sympify", "sympy evaluates"),
+        ("torch.hub.load", "torch.hub evaluates"),
+        ("lightning.pytorch.callbacks.EarlyStopping", "is lightning.pytorch.callbacks.early_stopping.EarlyStopping"),
+        ("transformers.AutoModelForCausalLM.from_pretrained", "is a method or nested name"),
+        ("own_optins._private", "private names"),
+        ("own_optins.os", "a module, not a class or function"),
+        ("own_optins.CONSTANT", "a int, not a class or function"),
+    ],
+)
+def test_an_opt_in_must_name_something_defined_in_the_users_own_module(name, reason, tmp_path, monkeypatch):
+    from stare_lightning.config.targets import check_opt_ins
+
+    (tmp_path / "own_optins.py").write_text("import os\nCONSTANT = 3\n\ndef _private():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(DisallowedTargetError, match=re.escape(reason)):
+        check_opt_ins([name])
+
+
+def test_every_shipped_target_is_listed_and_every_listed_target_is_a_class():
+    import inspect
+
+    from hydra.utils import get_class
+
+    from stare_lightning.config.targets import PROJECT_TARGETS
 
     shipped = {
         line.split("_target_:", 1)[1].split("#", 1)[0].strip()
@@ -255,8 +293,15 @@ def test_every_shipped_target_resolves_inside_the_allow_list():
         for line in path.read_text().splitlines()
         if "_target_:" in line and not line.lstrip().startswith("#")
     }
-    assert len(shipped) > 10
-    assert {target: _refusal(target, DEFAULT_ALLOWED_PREFIXES) for target in shipped} == dict.fromkeys(shipped)
+    assert len(shipped) > 10 and shipped <= PROJECT_TARGETS, shipped - PROJECT_TARGETS
+    for target in PROJECT_TARGETS:
+        module = target.rsplit(".", 1)[0]
+        if module.startswith(("lightning.pytorch.loggers", "torch.optim")) and target.endswith(("Muon", "Adafactor")):
+            continue  # newer torch releases only
+        try:
+            assert inspect.isclass(get_class(target)), target
+        except ImportError:  # an optional logger's package (wandb, comet, neptune) is not installed
+            continue
 
 
 @pytest.mark.parametrize(

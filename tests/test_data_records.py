@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -283,3 +284,40 @@ def test_columns_compose_from_a_plain_override(tmp_path):
     columns = to_run_config(cfg).data.columns
     assert [len(load_records(path, default_verifier="math", columns=columns))] == [3]
     assert {k: v for k, v in columns.items() if v} == {"messages": "prompt", "answer": "reward_model.ground_truth"}
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+@pytest.mark.parametrize("depth", [40, 100_000])  # past the limit, and past the JSON parser's own recursion limit
+def test_deeply_nested_records_give_the_one_line_data_error(tmp_path, suffix, depth):
+    row = '{"prompt": "p", "answer": "1", "verifier": "exact", "metadata": ' + "[" * depth + "]" * depth + "}"
+    path = tmp_path / f"deep.{suffix}"
+    path.write_text(row + "\n" if suffix == "jsonl" else f"[{row}]")
+    where = "line 1" if suffix == "jsonl" else ("item 0" if depth == 40 else "")
+    with pytest.raises(DataError, match=rf"deep\.{suffix}(, {where})?: JSON nested more than 32 levels deep"):
+        load_records(path)
+
+
+def test_a_user_verifier_must_be_a_function_defined_where_it_is_named(tmp_path, monkeypatch):
+    """`module:attr` resolving to a re-export (os.system reached through a module's `os`) is refused, as is a
+    builtin, a class or a private name; a function of the named module is accepted."""
+    from stare_lightning.rewards.registry import get_verifier
+
+    (tmp_path / "reexport_mod.py").write_text(
+        "import os\nfrom json import dumps\n\n"
+        "def _hidden(r, a, m):\n    return 1.0\n\n"
+        "class Holder:\n    @staticmethod\n    def check(r, a, m):\n        return 1.0\n\n"
+        "def score(r, a, m):\n    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "stare_lightning.rewards.pool:os.system": "is a builtin_function_or_method, not a Python function",
+        "reexport_mod:os.path.join": "is posixpath:join, defined elsewhere",
+        "reexport_mod:dumps": "is json:dumps, defined elsewhere",
+        "reexport_mod:_hidden": "private names",
+        "reexport_mod:Holder": "is a type, not a Python function",
+    }
+    for name, reason in cases.items():
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            get_verifier(name)
+    assert get_verifier("reexport_mod:score")("x", "1", {}) == 1.0
+    assert get_verifier("reexport_mod:Holder.check")("x", "1", {}) == 1.0

@@ -18,6 +18,34 @@ class DataError(ValueError):
     """Bad input data; the message names the source, the location and the key."""
 
 
+# Records are flat (a prompt, an answer, a little metadata); nesting deeper than this is refused where it is read,
+# before the parser's or any later copy's recursion limit turns it into a bare RecursionError.
+MAX_NESTING = 32
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_NESTING:
+                return deepest
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _too_deep(where: str) -> DataError:
+    return DataError(f"{where}: JSON nested more than {MAX_NESTING} levels deep (records are prompts and answers)")
+
+
+def _checked(where: str, value: Any) -> Any:
+    if _nesting(value) > MAX_NESTING:
+        raise _too_deep(where)
+    return value
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
     lineno = 0
     try:
@@ -26,10 +54,13 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield f"line {lineno}", json.loads(line)
+                    row = json.loads(line)
+                except RecursionError:
+                    raise _too_deep(f"{path}, line {lineno}") from None
                 except json.JSONDecodeError as exc:
                     problem = f"malformed JSON ({exc.msg} at column {exc.colno})"
                     raise DataError(f"{path}, line {lineno}: {problem}") from None
+                yield f"line {lineno}", _checked(f"{path}, line {lineno}", row)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}, line {lineno + 1}: not valid UTF-8 ({exc.reason})") from None
 
@@ -40,13 +71,15 @@ def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
             data = json.load(fh)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise _too_deep(str(path)) from None
     except json.JSONDecodeError as exc:
         hint = " (one object per line? name the file .jsonl)" if exc.msg.startswith("Extra data") else ""
         raise DataError(f"{path}, line {exc.lineno}, column {exc.colno}: malformed JSON ({exc.msg}){hint}") from None
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of records at the top level, got {type(data).__name__}")
     for i, row in enumerate(data):
-        yield f"item {i}", row
+        yield f"item {i}", _checked(f"{path}, item {i}", row)
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:

@@ -6,14 +6,16 @@ ValueError for a record it could never score (called when data are loaded, so ba
 training), ``warmup()``, which the pool worker calls once after importing it, and ``prepare(response, answer,
 metadata)``, called before each call outside its scoring guard (to build what the call needs from trusted code).
 
-User verifiers are imported by name. Names whose top-level module belongs to the standard library
-(``os:system``, ``builtins:eval``, ``subprocess:...``) are refused: a verifier receives model output as
-its first argument.
+User verifiers are imported by name, and a verifier receives model output as its first argument, so the name
+must lead to a Python function (or a static method of a class) defined in the module the name gives: not a
+re-export (``stare_lightning.rewards.pool:os.system`` reaches ``os.system`` through a module attribute), not a
+builtin, not a private name, and never from the standard library (``os:system``, ``builtins:eval``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import sys
 from collections.abc import Callable
@@ -66,12 +68,23 @@ def _import_user(name: str) -> Verifier:
         raise ValueError(
             f"verifier {name!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
         ) from exc
+    if any(part.startswith("_") for part in attr_path.split(".")):
+        raise ValueError(f"verifier {name!r}: private names cannot be verifiers")
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"verifier {name!r}: {module_name!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"verifier {name!r} is not callable (got {type(obj).__name__})")
+    if not inspect.isfunction(obj):
+        raise ValueError(
+            f"verifier {name!r} is a {type(obj).__name__}, not a Python function: write the verifier as a function "
+            f"defined in {module_name!r}"
+        )
+    home = f"{obj.__module__}:{obj.__qualname__}"
+    if home != name:
+        raise ValueError(
+            f"verifier {name!r} is {home}, defined elsewhere: name a function defined in the module you give "
+            "(a re-export could be anything, the standard library included)"
+        )
     return obj
 
 
