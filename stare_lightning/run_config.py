@@ -34,24 +34,43 @@ class RunConfig:
     """The whole run. ``trainer``, ``callbacks`` and ``logger`` are ``_target_`` mappings."""
 
     seed: int = 0
-    output_dir: str | None = None  # filled in from Hydra's run directory by the CLI
+    """The run's seed (seed_everything); rollouts are seeded from it and each prompt's id, whatever the rank."""
+    output_dir: str | None = None
+    """Where logs, checkpoints, rollouts.jsonl and curves.png go; null: Hydra's run directory."""
     summary: bool = True
-    verbose: bool = False  # third-party notices on the terminal too (they always go to the run's log file)
+    """Print the start/end table and write curves.png when `fit` ends."""
+    verbose: bool = False
+    """Show third-party notices (vLLM, Lightning, warnings) on the terminal too; the log file has them always."""
     allowed_targets: list[str] = field(default_factory=list)
+    """Extra `package.module.Name` classes or functions that `_target_` entries may construct."""
     ckpt_path: str | None = None
+    """A checkpoint to resume `fit` from (`last`: the run's latest), or to evaluate (`validate`, `evaluate`)."""
     export_dir: str | None = None
+    """Where `export` writes the Hugging Face model directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model: which one, its dtype, LoRA, the tiny model's cold start."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Where prompts come from (a built-in task, reasoning-gym, files) and how they are batched."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The policy loss: advantages, clipping, KL, entropy controls, dynamic sampling and STARE."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How responses are sampled: engine, samples per prompt, lengths, temperatures, the canary."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer, learning-rate schedule and gradient clipping."""
     forward: ForwardConfig = field(default_factory=ForwardConfig)
+    """How the policy's forwards over a step's rows are laid out (token budget, packing, fused head)."""
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    """What validation reports: pass@k, reflection words, a validation before the first step."""
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    """Optional, costly training telemetry."""
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """The tool a policy may call in multi-turn episodes, and the python tool's sandbox."""
     trainer: Any = None
+    """Lightning Trainer arguments (`_target_` mapping; conf/trainer/)."""
     callbacks: Any = None
+    """Lightning callbacks by name (`_target_` mappings; conf/callbacks/)."""
     logger: Any = None
+    """Lightning loggers by name (`_target_` mappings; conf/logger/)."""
 
     def __post_init__(self) -> None:
         number("seed", self.seed, low=0, integer=True)

@@ -43,22 +43,39 @@ class STAREConfig:
     """STARE settings (docs/method.md, sections 3 and 4)."""
 
     enabled: bool = False
-    variant: str = "O1"  # O1: W on L+; C2: W on L+ and M on L-
-    top_ratio: float = 0.1  # P
+    """Reweight the advantages of STARE's selected tokens while the gate is open."""
+    variant: str = "O1"
+    """O1: W on L+ only; C2: W on L+ and M on L-."""
+    top_ratio: float = 0.1
+    """P: the share of each sign set (T+, T-) that is selected, by surprisal."""
     w: float = 1.1
+    """W: the weight of L+ tokens (positive advantage, most surprising) while the gate is open."""
     m: float = 0.9
-    target_entropy: float = 0.3  # gate opens when entropy < target
-    selector: str = "surprisal"  # or "sensitivity" (rank by Phi)
-    scope: str = "step"  # step | micro_batch | sequence | group
-    surprisal_source: str = "current"  # current | old log-probs
+    """M: the weight of L- tokens (negative advantage, most surprising) in C2 while the gate is open."""
+    target_entropy: float = 0.3
+    """The gate opens on steps whose batch entropy (nats) is below this target."""
+    selector: str = "surprisal"
+    """Rank tokens by surprisal, or by their exact entropy sensitivity Phi (`sensitivity`)."""
+    scope: str = "step"
+    """The pool a selection ranks: the step's whole batch, each micro-batch, sequence or group."""
+    surprisal_source: str = "current"
+    """Rank by the current policy's log-probs, or once per batch by the scoring pass's (`old`)."""
     adaptive: bool = False
+    """Move W up and M down by `alpha` per step while the entropy is under target, and back above it."""
     alpha: float = 0.01
+    """Step of the adaptive schedule."""
     w_max: float = 1.5
+    """Upper bound of W under the adaptive schedule."""
     m_min: float = 0.5
-    timing: str = "next_step"  # next_step (paper) | same_step (reference code)
-    k_rounding: str = "ceil"  # ceil: k = ceil(P n) | reference: int(P n + 0.999999), the reference code's
-    tie_order: str = "position"  # position: the earlier token wins a tie | topk: torch.topk's, the reference code's
-    gate_starts_open: bool = False  # the gate before the first measurement (the reference code starts open)
+    """Lower bound of M under the adaptive schedule."""
+    timing: str = "next_step"
+    """When an adaptive update applies: the next step (the paper) or the same step (reference code)."""
+    k_rounding: str = "ceil"
+    """k of a top-P set of n tokens: `ceil` (ceil(P n)) or `reference` (int(P n + 0.999999))."""
+    tie_order: str = "position"
+    """Exact surprisal ties: the earlier token wins (`position`) or torch.topk's order (`topk`)."""
+    gate_starts_open: bool = False
+    """The gate before the first entropy measurement (the reference code starts open)."""
 
     def __post_init__(self) -> None:
         p = "algorithm.stare."
@@ -107,43 +124,81 @@ class AlgorithmConfig:
     """The policy-loss settings; `name` is a free label for logs and run names."""
 
     name: str = "grpo"
-    advantage: str = "grpo"  # grpo | dr_grpo | rloo (advantages.ADVANTAGE_ESTIMATORS)
-    policy_loss: str = "ppo"  # ppo | gspo | cispo (policy_losses.POLICY_LOSSES)
+    """A free label for logs, run names and the summary's title."""
+    advantage: str = "grpo"
+    """Group advantage estimator (`algorithms/advantages.py`)."""
+    policy_loss: str = "ppo"
+    """The surrogate: PPO's token clip, GSPO's sequence ratio or CISPO's clipped IS weight."""
     adv_eps: float = 1e-6
+    """Added to the group's reward std in GRPO's advantage."""
     clip_eps_low: float = 0.2
+    """Lower clip range: the ratio is clipped at 1 - clip_eps_low."""
     clip_eps_high: float = 0.2
-    dual_clip_c: float | None = None  # > 1, bounds the loss of negative-advantage tokens
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    """Upper clip range: the ratio is clipped at 1 + clip_eps_high (DAPO's clip-higher: 0.28)."""
+    dual_clip_c: float | None = None
+    """Dual clip: bounds the loss of negative-advantage tokens at -A c (PPO only); null: off."""
+    loss_agg: str = "token-mean"
+    """How token losses aggregate over the step (`algorithms/surrogates.py`)."""
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # k1 | k2 | k3
+    """Weight of the KL penalty to a frozen reference model (0: no reference model is loaded)."""
+    kl_estimator: str = "k3"
+    """Schulman's estimator of the KL term."""
     entropy_coef: float = 0.0
-    entropy_target: float | None = None  # set: the entropy coefficient adapts toward this target
+    """Entropy bonus coefficient (the starting one when `entropy_target` is set)."""
+    entropy_target: float | None = None
+    """Set: the entropy coefficient adapts toward this batch entropy (nats); null: fixed."""
     entropy_coef_lr: float = 0.01
+    """Step of the adaptive entropy coefficient."""
     entropy_coef_max: float = 0.1
-    entropy_control: str = "none"  # none | clip_cov | kl_cov | top_entropy (entropy_control.ENTROPY_CONTROLS)
+    """Upper bound of the adaptive entropy coefficient."""
+    entropy_control: str = "none"
+    """An entropy-control baseline (`algorithms/entropy_control.py`)."""
     clip_cov_ratio: float = 2e-4
+    """Clip-Cov: share of tokens whose gradient is detached."""
     clip_cov_lb: float = 1.0
+    """Clip-Cov: lower covariance bound of the candidate tokens."""
     clip_cov_ub: float = 5.0
+    """Clip-Cov: upper covariance bound of the candidate tokens."""
     kl_cov_ratio: float = 2e-3
+    """KL-Cov: share of tokens, highest covariance first, that get the penalty."""
     kl_cov_coef: float = 1.0
+    """KL-Cov: weight of the |log pi - log pi_old| penalty."""
     top_entropy_fraction: float = 0.2
+    """The 80/20 rule: share of tokens, highest entropy first, that keep their gradient."""
     dynamic_sampling: bool = False
+    """Drop groups whose rewards all agree and sample more prompts to refill the step (DAPO)."""
     max_generation_batches: int = 10
-    generation_batch_multiplier: int = 1  # dynamic sampling: prompts generated per round, in step batches
-    dynamic_sampling_metric: str = "reward"  # reward | score: what must vary in a group (filter, zero-std metric)
-    budget_exhausted: str = "train"  # train | stop: max_generation_batches reached with the step still short
-    gate_aggregation: str = "token-mean"  # token-mean | like_loss: the entropy STARE's gate reads
-    loss_normalizer: str = "step"  # step | micro_batch: the token-mean's denominator
-    on_policy_old_logprobs: str = "scoring_pass"  # scoring_pass | forward: old log-probs of an on-policy step
-    micro_batch_partition: str = "consecutive"  # consecutive | balanced (the reference's): which rows train together
-    overlong_buffer: int = 0  # 0 = off
+    """Dynamic sampling: generation rounds per step at most."""
+    generation_batch_multiplier: int = 1
+    """Dynamic sampling: prompts generated per round, in step batches."""
+    dynamic_sampling_metric: str = "reward"
+    """What must vary within a group: the shaped reward, or the verifier's raw score."""
+    budget_exhausted: str = "train"
+    """`max_generation_batches` reached with the step still short: train on what was kept, or stop."""
+    gate_aggregation: str = "token-mean"
+    """The entropy STARE's gate reads: the token mean, or aggregated like the loss."""
+    loss_normalizer: str = "step"
+    """The token mean's denominator: the step's tokens, or each micro-batch's (reference code)."""
+    on_policy_old_logprobs: str = "scoring_pass"
+    """Old log-probs of an on-policy step: the no-grad scoring pass, or the update's forward, detached."""
+    micro_batch_partition: str = "consecutive"
+    """Which rows train together: consecutive rows up to the token budget, or the reference code's balanced split."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong penalty over the last this many tokens of `rollout.max_new_tokens` (0: off)."""
     overlong_penalty_factor: float = 1.0
+    """The overlong penalty at `rollout.max_new_tokens`."""
     ppo_epochs: int = 1
+    """Passes over each rollout batch."""
     mini_batches: int = 1
-    mismatch_correction: str = "none"  # none | token | sequence: IS weights for the rollout-engine mismatch
-    mismatch_mode: str = "truncate"  # truncate | mask
+    """Optimizer steps per pass (the global batch split into this many mini-batches)."""
+    mismatch_correction: str = "none"
+    """Importance weights for the rollout engine/trainer mismatch, per token or per sequence."""
+    mismatch_mode: str = "truncate"
+    """Above `mismatch_cap`: cap the weight (`truncate`) or zero it (`mask`)."""
     mismatch_cap: float = 2.0
+    """The cap of the mismatch importance weight."""
     stare: STAREConfig = field(default_factory=STAREConfig)
+    """STARE's settings (off unless `algorithm.stare.enabled`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stare, dict):

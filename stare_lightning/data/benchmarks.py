@@ -29,10 +29,15 @@ class ValSetConfig:
     """Sampling of the benchmark ``name``; a null key takes the rollout group's validation setting."""
 
     name: str = ""
+    """The benchmark: a record's `metadata.data_source`, else its validation file's stem."""
     n: int | None = None
+    """Samples per problem (avg@n, pass@k, maj@n); null: `rollout.val_n`."""
     temperature: float | None = None
+    """Sampling temperature; null: `rollout.val_temperature`."""
     top_p: float | None = None
+    """Nucleus sampling threshold; null: `rollout.val_top_p`."""
     max_new_tokens: int | None = None
+    """Longest response; null: `rollout.max_new_tokens`."""
 
     def check(self, key: str) -> None:
         text(f"{key}.name", self.name)

@@ -35,26 +35,45 @@ class DataConfig:
     """Where prompts come from and how they are batched. See the module docstring."""
 
     task: str | None = "countdown"
-    source: str = "builtin"  # builtin | reasoning_gym: what `task` names (conf/data/reasoning_gym.yaml sets it)
+    """A built-in task, a reasoning-gym generator or `mixture` (see `source`); null: train from files."""
+    source: str = "builtin"
+    """What `task` names: a built-in task or a reasoning-gym generator (`data=reasoning_gym` sets it)."""
     task_kwargs: dict = field(default_factory=dict)
-    prompt_style: str = "plain"  # plain | instruct
+    """The task's or generator's own settings, checked against its parameters."""
+    prompt_style: str = "plain"
+    """`instruct` wraps plain prompts in the tokenizer's chat template; message records always are."""
     train_files: list[str] = field(default_factory=list)
+    """JSONL / JSON / Parquet files or `datasets` directories of prompt records (with `task: null`)."""
     val_files: list[str] = field(default_factory=list)
+    """Validation files, each a benchmark; replace a task's generated validation split."""
     train_size: int = 20000
+    """Records a task generates for training."""
     val_size: int = 64
+    """Validation records a task generates, or holds out of the training files (0: no validation)."""
     seed: int = 1234
+    """Seed of the generated records, the held-out split and the epoch permutations."""
     prompts_per_step: int = 16
+    """Prompts each rank takes per step (`rollout.n` samples each)."""
     val_batch_size: int = 64
+    """Prompts per validation batch."""
     max_prompt_length: int = 64
+    """Prompt tokens kept; longer prompts are cut from the left, with a warning."""
     num_workers: int = 0
-    default_verifier: str | None = None  # for file records that name no verifier (tasks set their own)
-    user_verifiers: list[str] = field(default_factory=list)  # package.module:function names records may use
+    """DataLoader worker processes (0: in the main process)."""
+    default_verifier: str | None = None
+    """Verifier of file records that name none (tasks set their own)."""
+    user_verifiers: list[str] = field(default_factory=list)
+    """`package.module:function` verifiers that records may name."""
     # Schema key -> field name in the files (dotted paths allowed). Every schema key is present (None: not
     # mapped), so that `data.columns={answer: reward_model.ground_truth}` works without Hydra's `+`.
     columns: dict = field(default_factory=lambda: dict.fromkeys(SCHEMA_KEYS))
-    train_split: str = "train"  # split of a `datasets` source holding train_files
-    val_split: str = "test"  # split of a `datasets` source holding val_files
-    val_sets: list[ValSetConfig] = field(default_factory=list)  # per-benchmark validation sampling (by name)
+    """Schema key -> field name in the files (dotted paths reach into nested fields)."""
+    train_split: str = "train"
+    """Split of a `datasets` directory that holds the training records."""
+    val_split: str = "test"
+    """Split of a `datasets` directory that holds the validation records."""
+    val_sets: list[ValSetConfig] = field(default_factory=list)
+    """Per-benchmark validation sampling, by benchmark name (`{name, n, temperature, top_p, max_new_tokens}`)."""
 
     def __post_init__(self) -> None:
         # OmegaConf hands over ListConfig / DictConfig; keep plain containers from here on.

@@ -10,8 +10,11 @@ from stare_lightning.config.checks import flag, number
 @dataclass
 class ValidationConfig:
     pass_k: list[int] = field(default_factory=lambda: [1, 4])
-    reflection_words: list[str] | None = None  # None: the default list of the metrics package
-    before_fit: bool = True  # validate the starting policy so the summary shows the gain
+    """The k of each reported pass@k (up to each benchmark's samples per problem)."""
+    reflection_words: list[str] | None = None
+    """Words and phrases counted per response; null: the default list."""
+    before_fit: bool = True
+    """Validate the starting policy, so the summary shows the gain."""
 
     def __post_init__(self) -> None:
         if not self.pass_k:
@@ -23,9 +26,9 @@ class ValidationConfig:
 
 @dataclass
 class TelemetryConfig:
-    # After each update, a no-grad pass over the step's batch: the entropy change on the same tokens, realised
-    # and to first order (two extra forwards, and the step's response logits kept meanwhile).
     same_batch_entropy: bool = False
+    """After each update, measure its entropy change on the step's own tokens, realised and to first order (two extra
+    forwards; the step's response logits are kept meanwhile)."""
 
     def __post_init__(self) -> None:
         flag("telemetry.same_batch_entropy", self.same_batch_entropy)

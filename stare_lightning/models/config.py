@@ -19,12 +19,16 @@ class ColdStartConfig:
     """Supervised warm-up of the built-in tiny model on the built-in task (cached by its settings)."""
 
     steps: int = 400
+    """Supervised warm-up steps on the task's solutions (0: none)."""
     batch_size: int = 64
+    """Examples per warm-up step."""
     lr: float = 3e-3
+    """Learning rate of the warm-up."""
     seed: int = 0
-    # Warm up on tool-using traces of the task (calls, the tool's replies, then the answer) instead of bare
-    # solutions: the analogue of the cold start on tool traces before RL with a tool (needs `tools`).
+    """Seed of the warm-up's initialisation and example order."""
     tool_traces: bool = False
+    """Warm up on tool-using traces (calls, the tool's replies, then the answer) instead of bare solutions; needs a
+    tool."""
 
     def __post_init__(self) -> None:
         p = "model.cold_start."
@@ -47,10 +51,14 @@ class LoraConfig:
     ratios and the log-prob canary then carry the dropout noise.
     """
 
-    rank: int = 0  # 0: off
-    alpha: float | None = None  # null: 2 * rank
+    rank: int = 0
+    """Rank of the adapters; 0 turns LoRA off (full fine-tuning)."""
+    alpha: float | None = None
+    """The adapters' update is scaled by `alpha / rank`; null: `2 * rank`, a scale of 2 for any rank."""
     dropout: float = 0.0
+    """Dropout on the adapters' input; above 0 every training forward is stochastic."""
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Names of the linear layers that get adapters."""
 
     def __post_init__(self) -> None:
         p = "model.lora."
@@ -79,11 +87,17 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    dtype: str = "float32"  # the master weights' (and so the optimizer state's) dtype
+    """`tiny`, `smollm2-135m-instruct`, a local Hugging Face directory or a hub id."""
+    dtype: str = "float32"
+    """The master weights' (and so the optimizer state's) dtype."""
     cold_start: ColdStartConfig | None = None
-    lora: LoraConfig | None = field(default_factory=LoraConfig)  # rank 0 or null: full fine-tuning
+    """Supervised warm-up of the built-in tiny model before RL (cached); null: none."""
+    lora: LoraConfig | None = field(default_factory=LoraConfig)
+    """Low-rank adapters instead of full fine-tuning (rank 0 or null: full fine-tuning)."""
     gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward: less memory, more compute."""
     cache_dir: str | None = None
+    """Where built-in models and cold starts are kept; null: `$STARE_LIGHTNING_CACHE` or `~/.cache/stare_lightning`."""
 
     def __post_init__(self) -> None:
         text("model.name_or_path", self.name_or_path)

@@ -48,22 +48,38 @@ COMMON_ENGINE_KEYS = (
 
 @dataclass
 class RolloutConfig:
-    backend: str = "auto"  # auto: vLLM where installed, else HF generate
+    backend: str = "auto"
+    """The rollout engine: `auto` takes vLLM where installed, else Hugging Face generate."""
     n: int = 8
-    max_new_tokens: int = 32  # with a tool: the whole episode after the prompt, tool replies included
-    max_turns: int | None = None  # tool calls answered per episode (with a tool; null: 4)
+    """Samples per prompt in training (the group size, >= 2)."""
+    max_new_tokens: int = 32
+    """Longest response; with a tool, the whole episode after the prompt, tool replies included."""
+    max_turns: int | None = None
+    """Tool calls answered per episode (with a tool); null: 4."""
     temperature: float = 1.0
+    """Training sampling temperature."""
     top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
+    """Training nucleus sampling threshold (1: off)."""
+    top_k: int = 0
+    """Training top-k sampling (0: off)."""
     val_n: int = 4
+    """Validation samples per problem (a benchmark's `data.val_sets` entry can override)."""
     val_temperature: float = 1.0
+    """Validation sampling temperature."""
     val_top_p: float = 1.0
+    """Validation nucleus sampling threshold."""
     gpu_memory_utilization: float = 0.3
+    """vLLM: share of GPU memory the engine may take (weights and KV cache)."""
     tensor_parallel_size: int = 1
+    """vLLM: GPUs one engine spans."""
     enable_sleep_mode: bool = False
+    """vLLM: free the engine's GPU memory during the update (GPUs only)."""
     canary_threshold: float = 0.05
+    """Largest tolerated token-mean |engine - trainer| log-prob difference (nats)."""
     canary_patience: int = 3
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more vllm.LLM arguments, e.g. max_num_seqs
+    """Steps in a row above `canary_threshold` before the run stops."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More `vllm.LLM` arguments, checked against the installed vLLM, e.g. `max_num_seqs`."""
 
     def __post_init__(self) -> None:
         p = "rollout."

@@ -10,16 +10,19 @@ from stare_lightning.step.forward import ForwardLayout
 
 @dataclass
 class ForwardConfig:
-    micro_batch_tokens: int = 8192  # the tokens one forward computes (rows x longest row, or packed tokens)
-    logprob_chunk_size: int = 1024  # vocabulary rows per chunk of the log-softmax and entropy
+    micro_batch_tokens: int = 8192
+    """Tokens one forward computes: rows x longest row, or packed tokens."""
+    logprob_chunk_size: int = 1024
+    """Vocabulary rows per chunk of the log-softmax and entropy."""
     # Padding-free micro-batches: each micro-batch's rows packed into one sequence (step/forward.py); the same
     # losses and gradients as the padded layout (tests/test_step_forward.py), without the padding's compute.
     packed_sequences: bool = True
-    # With packed_sequences: the samples of one prompt share one copy of it in the forward and backward.
+    """Padding-free micro-batches: each micro-batch's rows packed into one sequence."""
     share_prompts: bool = True
-    # Log-probs and entropy from the last hidden states and the LM head a chunk at a time: no [tokens, vocab]
-    # logits are held, in the forward or the backward (memory for long responses; a little more compute).
+    """With packing: the samples of one prompt share one copy of it."""
     fused_lm_head: bool = False
+    """Log-probs and entropy from the last hidden states, a chunk at a time: no [tokens, vocab] logits are held (memory
+    for long responses; a little more compute)."""
 
     def __post_init__(self) -> None:
         p = "forward."

@@ -25,18 +25,30 @@ LOCAL_SANDBOX_KEYS = ("cpu_seconds", "file_size_mb", "max_processes")  # not sen
 
 @dataclass
 class ToolsConfig:
-    name: str = "none"  # none | python | calculator
-    format: str = "code_block"  # code_block (<code>, ReTool) | json (<tool_call>, Qwen2.5/Hermes)
-    isolation: str = "bubblewrap"  # python only: bubblewrap | rlimits_unsafe (weaker) | sandbox_fusion (a service)
-    sandbox_fusion_url: str | None = None  # required with isolation=sandbox_fusion
-    persist_state: bool = True  # python: each call first replays the episode's earlier calls
-    timeout_seconds: float = 5.0  # wall time of one call
+    name: str = "none"
+    """The tool the policy may call mid-rollout; `none`: single-turn."""
+    format: str = "code_block"
+    """Call format: `code_block` (`<code>`, ReTool's) or `json` (`<tool_call>`, Qwen2.5/Hermes)."""
+    isolation: str = "bubblewrap"
+    """The python tool's sandbox: bubblewrap, rlimits_unsafe (weaker) or a SandboxFusion service."""
+    sandbox_fusion_url: str | None = None
+    """The SandboxFusion service's address (with `isolation=sandbox_fusion`)."""
+    persist_state: bool = True
+    """python: each call first replays the episode's earlier successful calls."""
+    timeout_seconds: float = 5.0
+    """Wall time of one call."""
     cpu_seconds: int = 5
-    memory_mb: int = 1024  # address space per process, and the call's total where cgroups are writable
-    file_size_mb: int = 16  # largest file a call writes (its scratch space is 4x this)
-    max_processes: int = 16  # processes and threads of one call
-    max_output_chars: int = 1024  # what the model reads of one call's output
-    max_workers: int = 4  # calls run at once
+    """CPU seconds of each process of a call."""
+    memory_mb: int = 1024
+    """Address space per process, and the call's total where cgroups are writable."""
+    file_size_mb: int = 16
+    """Largest file a call writes (its scratch space is 4x this)."""
+    max_processes: int = 16
+    """Processes and threads of one call."""
+    max_output_chars: int = 1024
+    """What the model reads of one call's output."""
+    max_workers: int = 4
+    """Calls run at once."""
 
     def __post_init__(self) -> None:
         p = "tools."

@@ -13,19 +13,29 @@ FUSED_OPTIMIZERS = ("torch.optim.Adam", "torch.optim.AdamW")
 
 @dataclass
 class OptimConfig:
-    optimizer: str = "torch.optim.AdamW"  # a _target_, checked against the allow-list when built
+    optimizer: str = "torch.optim.AdamW"
+    """The optimizer class, a `_target_` name checked against the allow-list."""
     lr: float = 1e-6
+    """Peak learning rate."""
     weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's moment decay rates."""
     eps: float = 1e-8
+    """Adam's epsilon."""
     warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine
+    """Optimizer steps of linear warm-up from 0."""
+    schedule: str = "constant"
+    """The learning rate after warm-up."""
     min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0  # 0 disables clipping
+    """`cosine`: the last learning rate, as a share of `lr`."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: measure it only)."""
     # The optimizer's fused implementation: one pass over every parameter instead of a loop of small kernels (on a
     # CPU, AdamW's step over 135M parameters takes 0.2 s instead of 0.9 s); the same update within fp32 rounding.
     # None (the default): on where the optimizer has one (FUSED_OPTIMIZERS); true insists, false turns it off.
     fused: bool | None = None
+    """The optimizer's fused implementation (one pass over all parameters); null: where it has one."""
 
     def __post_init__(self) -> None:
         p = "optim."
