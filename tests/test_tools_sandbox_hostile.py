@@ -1,7 +1,8 @@
 """The python tool's sandbox against an attacker: code that tries to outlive its call, read the host's secrets and
 data, reach the host's services, leave files for a later call, grow memory the address-space limit does not see,
-hoard file descriptors, or use the kernel's namespace, io_uring and keyring interfaces. Each case runs in both
-local isolation modes where it applies; the bubblewrap cases need ``bwrap``, the uid checks need root."""
+hoard file descriptors, or use the kernel's namespace, io_uring and keyring interfaces (every refused syscall and
+socket family: ``test_tools_seccomp.py``). Each case runs in both local isolation modes where it applies; the
+bubblewrap cases need ``bwrap``, the uid checks need root."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import platform
 import shutil
 import socket
-import struct
 import subprocess
 import time
 import uuid
@@ -22,10 +22,11 @@ from stare_lightning.tools.bubblewrap import bubblewrap_path
 from stare_lightning.tools.cgroups import CgroupSetup, join_argv
 from stare_lightning.tools.python_sandbox import PythonSandbox
 from stare_lightning.tools.sandbox_process import kill_uid
-from stare_lightning.tools.seccomp import SeccompUnsupported, filter_bytes
 
 LIMIT = 3.0  # wall and CPU seconds of a call
-SLACK = 2.0  # start-up, kill and reaping on a busy 2-core machine
+# Start-up, kill and teardown past the limit. Generous on purpose: on a loaded 2-core machine a fork bomb's
+# teardown has taken 2 s; the bound is there to fail a call the host did not stop at all, not to time it.
+SLACK = 20.0
 UNSAFE = "rlimits_unsafe"
 MODES = [
     pytest.param("bubblewrap", marks=pytest.mark.skipif(bubblewrap_path() is None, reason="bwrap is not installed")),
@@ -42,9 +43,10 @@ def sandbox(request):
 
 
 def _timed(tool: PythonSandbox, code: str):
+    """The call's result, once it has ended within its wall-time limit plus ``SLACK``."""
     started = time.perf_counter()
     result = tool.run(code)
-    assert time.perf_counter() - started < LIMIT + SLACK, result
+    assert time.perf_counter() - started < tool.timeout_seconds + SLACK, result
     return result
 
 
@@ -115,22 +117,24 @@ def test_no_loopback_service_or_metadata_address_is_reachable(sandbox):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         code = f"""
-import socket, time
+import errno, socket
 for host, port in (("127.0.0.1", {port}), ("169.254.169.254", 80)):
-    started = time.monotonic()
     try:
         socket.create_connection((host, port), timeout=1).send(b"hi")
         print("CONNECTED", host)
     except OSError as err:
-        print("BLOCKED", host, round(time.monotonic() - started, 3), type(err).__name__)
+        print("BLOCKED", host, errno.errorcode.get(err.errno, type(err).__name__))
 """
         result = _timed(sandbox, code)
         listener.settimeout(0.2)
         with pytest.raises(TimeoutError):
             listener.accept()
     assert "CONNECTED" not in result.text and result.text.count("BLOCKED") == 2, result.text
-    for line in result.text.splitlines():
-        assert float(line.split()[2]) < 0.5, line  # refused at once (no route), not after a connect timeout
+    # Refused at once, not after the connect timeout: the sandbox's own loopback has no listener (bubblewrap brings
+    # its namespace's loopback up; rlimits_unsafe's stays down), and no route leads anywhere else.
+    reasons = {line.split()[1]: line.split()[2] for line in result.text.splitlines()}
+    own_loopback = "ECONNREFUSED" if sandbox.isolation == "bubblewrap" else "ENETUNREACH"
+    assert reasons == {"127.0.0.1": own_loopback, "169.254.169.254": "ENETUNREACH"}, result.text
 
 
 def test_files_left_in_tmp_and_shm_do_not_reach_a_later_call(sandbox):
@@ -314,17 +318,6 @@ def test_the_uid_sweep_kills_a_vfork_parent():
         assert kill_uid(uid) and not _live_processes_of(uid)
     finally:
         os.waitpid(pid, 0)
-
-
-def test_the_seccomp_program_is_well_formed():
-    program = filter_bytes("x86_64")
-    assert len(program) % 8 == 0 and len(program) // 8 < 4096
-    first = struct.unpack("=HBBI", program[:8])
-    assert first == (0x20, 0, 0, 4)  # load the audit arch
-    assert struct.unpack("=HBBI", program[-8:]) == (0x06, 0, 0, 0x7FFF0000)  # the default: allow
-    assert filter_bytes("aarch64") != program
-    with pytest.raises(SeccompUnsupported, match="'riscv64'.*known: x86_64, aarch64"):
-        filter_bytes("riscv64")
 
 
 def test_call_cgroups_hold_their_limits_and_go_away():

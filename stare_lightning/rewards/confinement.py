@@ -33,6 +33,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from stare_lightning.tools.seccomp import VERIFIER as VERIFIER_SECCOMP
+from stare_lightning.tools.seccomp import load as load_seccomp
+
 __all__ = ["Confinement", "confine", "worker_environment"]
 
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
@@ -308,6 +311,8 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     _limit(resource.RLIMIT_NOFILE, OPEN_FILES)
     if new_uid is not None:
         _limit(resource.RLIMIT_NPROC, len(os.listdir("/proc/self/task")))
+    # Last: no namespace, mount, tracing, eBPF, keyring or io_uring call, no socket but AF_UNIX (tools/seccomp.py).
+    load_seccomp(VERIFIER_SECCOMP)
     return Confinement(
         unreadable_paths=unreadable,
         uid=os.getuid(),

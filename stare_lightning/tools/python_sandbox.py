@@ -2,8 +2,10 @@
 
 Isolation (``isolation``):
 - ``bubblewrap`` (default): the allowlisted mounts and the network, pid, ipc and uts namespaces of
-  ``bubblewrap.py``, the seccomp filter of ``seccomp.py``, plus the limits below. Checked at construction (a
-  trivial call must work), with a ``RuntimeError`` saying how to install it.
+  ``bubblewrap.py``, the seccomp filter of ``seccomp.py`` (no namespaces, mounts, tracing, eBPF, keyrings or
+  io_uring; no socket but AF_UNIX and AF_INET), plus the limits below. Checked at construction (a trivial call
+  must work), with a ``RuntimeError`` naming the cause: bubblewrap or libseccomp not installed (and how to install
+  them), the interpreter missing inside the sandbox, or namespaces refused.
 - ``rlimits_unsafe``: the limits below, and what the launcher (``sandbox_launcher.py``) can do without
   bubblewrap: as root, new mount, pid, network, ipc and uts namespaces (a private ``/tmp`` and ``/dev/shm``, no
   network, the home directories, the trainer's directories and the password hashes hidden) and the seccomp
@@ -24,8 +26,9 @@ A call ends only when none of its processes is left: its cgroup is killed, else 
 with ``rlimits_unsafe`` the pid namespace ends with the call's init. A call that leaves a process that cannot be
 stopped fails, whatever its output.
 
-The interpreter is the trainer's own (``sys.executable``) in isolated mode (``-I -B``), with site-packages:
-the policy may import numpy or sympy, as ReTool-style sandboxes allow; the file system it sees is read-only.
+The interpreter is the trainer's own, by its real path (``bubblewrap.sandbox_python``), in isolated mode
+(``-I -B``), with site-packages: the policy may import numpy or sympy, as ReTool-style sandboxes allow; the file
+system it sees is read-only.
 
 State (``persist_state``): each call is a fresh process that first replays the episode's earlier successful calls
 silently (``sandbox_program.replay_program``); with ``persist_state=False`` calls are independent.
@@ -35,8 +38,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -52,6 +55,7 @@ from stare_lightning.tools.bubblewrap import (
     bubblewrap_path,
     runtime_dirs,
     sandbox_env,
+    sandbox_python,
 )
 from stare_lightning.tools.cgroups import CallCgroup, CgroupSetup, join_argv
 from stare_lightning.tools.sandbox_process import ProcessOutcome, ProcessRunner, kill_uid
@@ -127,17 +131,13 @@ class PythonSandbox:
             raise RuntimeError(BUBBLEWRAP_MISSING)
         self._uids = SandboxUids.for_this_process()
         self._cgroups = CgroupSetup.for_this_process()
-        self._seccomp = filter_for_this_machine()
+        self._seccomp = filter_for_this_machine()  # SeccompUnavailable saying why, and how to install libseccomp
         self._self_check()
 
     def _self_check(self) -> None:
         result = self.run("print(6 * 7)")
         if not (result.ok and result.text.strip() == "42"):
-            hint = BUBBLEWRAP_MISSING.split(": ", 1)[1] if self.isolation == "bubblewrap" else ""
-            raise RuntimeError(
-                f"the {self.isolation} sandbox does not work here: a trivial call gave {result.text!r} "
-                f"(ok={result.ok}). {hint}"
-            )
+            raise RuntimeError(_self_check_failure(self.isolation, result.text))
 
     def run(self, call: str, *, history: Sequence[str] = ()) -> ToolResult:
         started = time.perf_counter()
@@ -159,11 +159,11 @@ class PythonSandbox:
             cgroup = self._cgroups.create(memory_bytes=self.memory_mb << 20, cpus=CPUS_PER_CALL,
                                           max_tasks=self.max_processes + _SANDBOX_TASKS)  # fmt: skip
         seccomp_fd = None
-        if self._seccomp is not None and self.isolation == "bubblewrap":
+        if self.isolation == "bubblewrap":
             seccomp_fd = os.memfd_create("stare_seccomp")  # bwrap reads the filter from this descriptor
             os.write(seccomp_fd, self._seccomp)
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
-        elif self._seccomp is not None:
+        else:
             Path(host_dir, "seccomp.bpf").write_bytes(self._seccomp)
         try:
             argv, env = self._command(host_dir, uid, seccomp_fd)
@@ -198,15 +198,15 @@ class PythonSandbox:
         scratch_mb = max(16, 4 * self.file_size_mb)
         if self.isolation == "bubblewrap":
             settings.update(mode="bubblewrap", program=f"{CALL_DIR}/program.py")
-            launcher = [sys.executable, "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
+            launcher = [sandbox_python(), "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
             return bubblewrap_argv(self._bwrap, host_dir, scratch_mb, launcher, seccomp_fd), sandbox_env(WORK_DIR)
-        seccomp = os.path.join(host_dir, "seccomp.bpf")
         settings.update(
             mode="rlimits_unsafe", program=os.path.join(host_dir, "program.py"),
-            host_workdir=os.path.join(host_dir, "work"), seccomp=seccomp if os.path.exists(seccomp) else "",
+            host_workdir=os.path.join(host_dir, "work"), seccomp=os.path.join(host_dir, "seccomp.bpf"),
             scratch_mb=scratch_mb, hidden=unsafe_hidden_dirs(), runtime=runtime_dirs(), secrets=list(SECRETS),
         )  # fmt: skip
-        launcher = [sys.executable, "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
+        # By its real path too: the launcher's mounts may hide a symlink the interpreter was started through.
+        launcher = [sandbox_python(), "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
         return launcher, sandbox_env(WORK_DIR)
 
     def _result(self, outcome: ProcessOutcome, seconds: float, stopped: bool, memory_exhausted: bool) -> ToolResult:
@@ -230,6 +230,32 @@ class PythonSandbox:
 
     def close(self) -> None:
         self._runner.kill_all()
+
+
+def _self_check_failure(isolation: str, output: str) -> str:
+    """Why a trivial call failed, from what it printed: bubblewrap is installed (``BUBBLEWRAP_MISSING`` is for
+    when it is not), so the cause is a path missing inside the sandbox, a namespace refused, or the runtime."""
+    said = f"the {isolation} sandbox does not work here: a trivial call gave {output.strip()!r}"
+    missing = re.search(r"bwrap: execvp (.+): No such file or directory", output)
+    if missing:
+        return (
+            f"{said}. The interpreter {missing.group(1)} is not inside the sandbox, which binds read-only the "
+            f"system directories and the Python runtime at {runtime_dirs()} (each by its real path); start the "
+            "trainer with an interpreter inside those, e.g. the virtual environment's own bin/python"
+        )
+    if output.startswith("bwrap:"):
+        needs = (
+            "a container that allows it namespaces and mounts (docker: a seccomp and AppArmor profile that allow "
+            "unshare and mount, or --privileged)"
+            if os.geteuid() == 0
+            else "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
+            "kernel.apparmor_restrict_unprivileged_userns=0) or a root trainer"
+        )
+        return (
+            f"{said}. bubblewrap is installed but could not set the sandbox up: it needs {needs}; "
+            "tools.isolation=rlimits_unsafe is the weaker fallback"
+        )
+    return said
 
 
 def _signal_note(number: int, cpu_seconds: int) -> str:

@@ -64,10 +64,16 @@ def _private_mounts(settings):
     """The call's own view of the file system (in the new mount namespace; the host's is untouched)."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     hidden = [path for path in settings["hidden"] if os.path.isdir(path)]
-    # The runtime under a hidden directory, opened before it is hidden and bound back afterwards.
-    runtime = {p: os.open(p, os.O_PATH) for p in settings["runtime"] if any(_inside(p, h) for h in hidden)}
+    # The runtime under a directory mounted over below (a hidden one, or a virtual environment under /tmp),
+    # opened before it is covered and bound back afterwards.
+    covered = [*hidden, "/tmp", "/dev/shm"]
+    runtime = {p: os.open(p, os.O_PATH) for p in settings["runtime"] if any(_inside(p, c) for c in covered)}
     for path in hidden:
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    size = f"size={int(settings['scratch_mb'])}m,mode=1777"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, size)
     for path, fd in runtime.items():
         os.makedirs(path, mode=0o755, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
@@ -84,10 +90,6 @@ def _private_mounts(settings):
             _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         elif os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=755")
-    size = f"size={int(settings['scratch_mb'])}m,mode=1777"
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
-    if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, size)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 

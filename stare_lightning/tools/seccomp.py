@@ -1,155 +1,121 @@
-"""A seccomp filter for the sandbox, as a classic-BPF program: the kernel interfaces a Python call never needs
-(namespaces, mounts, io_uring, eBPF, keyrings, tracing, other processes' memory, kernel modules) fail with EPERM.
+"""The seccomp rule sets of the python tool's sandbox and of the verifier worker, built with libseccomp.
 
-The program reads ``struct seccomp_data`` (``int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]``) and:
-- kills the process when the audit architecture is not the one the numbers below belong to (a 32-bit syscall
-  on x86_64 has other numbers), and on x86_64 refuses x32 syscalls (numbers with bit 30 set) with ENOSYS;
-- refuses each syscall of ``DENIED`` with EPERM;
-- refuses ``clone`` with any ``CLONE_NEW*`` flag with EPERM (``fork``, threads and ``vfork`` pass), and ``clone3``
-  with ENOSYS: its flags sit in a struct in memory that BPF cannot read, and on ENOSYS the C library falls back to
-  ``clone``, whose flags are a register;
-- allows everything else.
+Both refuse the kernel interfaces that neither a Python tool call nor a verifier needs, and allow the rest:
+- ``DENIED`` fail with EPERM: namespaces (``unshare``, ``setns``), mounts (old and new API), io_uring, eBPF,
+  keyrings, ``perf_event_open``, ``ptrace`` and the other ways into another process (its memory, its file
+  descriptors, ``kcmp``), ``userfaultfd``, kernels and modules, file handles (which open a file by inode, past
+  the directories a bind mount hides), and the administration calls (clock, swap, reboot, quotas, accounting,
+  kernel log, port I/O) that a process without capabilities is refused anyway;
+- ``clone`` with any ``CLONE_NEW*`` flag fails with EPERM (``fork``, threads and ``vfork`` pass); ``clone3``
+  fails with ENOSYS: its flags sit in a struct in memory that seccomp cannot read, and on ENOSYS the C library
+  falls back to ``clone``, whose flags are a register;
+- ``socket`` and ``socketpair`` of a family outside the rule set's range fail with EAFNOSUPPORT: the sandbox
+  keeps ``AF_UNIX`` and ``AF_INET`` (its network namespace has only its own loopback; IPv6 is refused, nothing
+  a call needs uses it), the verifier worker ``AF_UNIX`` only. ``AF_NETLINK``, ``AF_PACKET``, ``AF_VSOCK``,
+  ``AF_ALG``, ``AF_BLUETOOTH`` and the rest reach kernel code a sandbox has no use for;
+- a syscall of another ABI (i386 or x32 on x86_64) kills the process: its numbers mean other calls.
 
-``filter_bytes()`` is the program in the layout ``bwrap --seccomp FD`` and ``prctl(PR_SET_SECCOMP)`` take: an
-array of ``struct sock_filter { __u16 code; __u8 jt; __u8 jf; __u32 k; }`` in native byte order.
+libseccomp (``libseccomp.py``) resolves the names to the architecture's numbers and writes the program, so the
+rules hold on every architecture it knows. The sandbox passes the exported program to ``bwrap --seccomp`` (or
+its launcher loads it, with ``rlimits_unsafe``); the verifier worker loads its rule set itself (``load``), last.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
-import logging
-import platform
-import struct
+import socket
 from dataclasses import dataclass
 
-__all__ = ["DENIED", "SeccompUnsupported", "filter_bytes", "filter_for_this_machine", "supported"]
+from stare_lightning.tools.libseccomp import ACT_ALLOW, Comparison, Filter, LibseccompMissing, act_errno
 
-logger = logging.getLogger(__name__)
+__all__ = ["DENIED", "SANDBOX", "VERIFIER", "RuleSet", "SeccompUnavailable", "filter_bytes", "filter_for_this_machine",
+           "load"]  # fmt: skip
 
-# Classic BPF opcodes (linux/bpf_common.h): load a 32-bit word at an absolute offset, compare-and-jump, return.
-LOAD_WORD = 0x00 | 0x00 | 0x20  # BPF_LD | BPF_W | BPF_ABS
-JUMP_EQUAL = 0x05 | 0x10 | 0x00  # BPF_JMP | BPF_JEQ | BPF_K
-JUMP_GREATER_EQUAL = 0x05 | 0x30 | 0x00  # BPF_JMP | BPF_JGE | BPF_K
-JUMP_ANY_BIT = 0x05 | 0x40 | 0x00  # BPF_JMP | BPF_JSET | BPF_K
-RETURN = 0x06 | 0x00  # BPF_RET | BPF_K
-
-# Return values (linux/seccomp.h).
-ALLOW = 0x7FFF0000
-KILL_PROCESS = 0x80000000
-ERRNO = 0x00050000  # | the errno, in the low 16 bits
-
-# Offsets in struct seccomp_data.
-NR_OFFSET = 0
-ARCH_OFFSET = 4
-ARGS_OFFSET = 16  # args[0]; each argument is 8 bytes
-
-CLONE_NAMESPACE_FLAGS = (
-    0x00020000  # CLONE_NEWNS
-    | 0x02000000  # CLONE_NEWCGROUP
-    | 0x04000000  # CLONE_NEWUTS
-    | 0x08000000  # CLONE_NEWIPC
-    | 0x10000000  # CLONE_NEWUSER
-    | 0x20000000  # CLONE_NEWPID
-    | 0x40000000  # CLONE_NEWNET
-)  # CLONE_NEWTIME (0x80) is unshare/clone3 only: in clone's flags those bits are the exit signal
-X32_SYSCALL_BIT = 0x40000000
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}  # CLONE_NEWTIME (0x80) is unshare/clone3 only: in clone's flags those bits are the exit signal
 
 DENIED = (
+    # namespaces and mounts
     "unshare", "setns", "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig",
-    "fsmount", "fspick", "mount_setattr", "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "keyctl",
-    "add_key", "request_key", "perf_event_open", "ptrace", "userfaultfd", "process_vm_readv", "process_vm_writev",
+    "fsmount", "fspick", "mount_setattr",
+    # kernel interfaces with a history of privilege escalations
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "keyctl", "add_key", "request_key",
+    "perf_event_open", "userfaultfd",
+    # other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    # kernels, modules, file handles
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "name_to_handle_at",
     "open_by_handle_at",
+    # administration
+    "acct", "reboot", "swapon", "swapoff", "syslog", "quotactl", "quotactl_fd", "settimeofday", "clock_settime",
+    "clock_adjtime", "iopl", "ioperm", "fanotify_init", "lookup_dcookie", "uselib",
 )  # fmt: skip
 
 
 @dataclass(frozen=True)
-class _Arch:
-    audit: int  # AUDIT_ARCH_* (linux/audit.h)
-    numbers: dict[str, int]  # syscall numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64)
-    x32: bool  # whether the x32 ABI shares this audit arch
+class RuleSet:
+    """``DENIED`` and the namespace flags of ``clone`` for all; the socket families each allows (a range)."""
+
+    name: str
+    lowest_family: int
+    highest_family: int
 
 
-_X86_64 = _Arch(
-    audit=0xC000003E,
-    numbers={"unshare": 272, "setns": 308, "clone": 56, "clone3": 435, "mount": 165, "umount2": 166,
-             "pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-             "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426,
-             "io_uring_register": 427, "bpf": 321, "keyctl": 250, "add_key": 248, "request_key": 249,
-             "perf_event_open": 298, "ptrace": 101, "userfaultfd": 323, "process_vm_readv": 310,
-             "process_vm_writev": 311, "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
-             "finit_module": 313, "delete_module": 176, "name_to_handle_at": 303, "open_by_handle_at": 304},
-    x32=True,
-)  # fmt: skip
-_AARCH64 = _Arch(
-    audit=0xC00000B7,
-    numbers={"unshare": 97, "setns": 268, "clone": 220, "clone3": 435, "mount": 40, "umount2": 39,
-             "pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-             "fspick": 433, "mount_setattr": 442, "io_uring_setup": 425, "io_uring_enter": 426,
-             "io_uring_register": 427, "bpf": 280, "keyctl": 219, "add_key": 217, "request_key": 218,
-             "perf_event_open": 241, "ptrace": 117, "userfaultfd": 282, "process_vm_readv": 270,
-             "process_vm_writev": 271, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
-             "finit_module": 273, "delete_module": 106, "name_to_handle_at": 264, "open_by_handle_at": 265},
-    x32=False,
-)  # fmt: skip
-_ARCHES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+SANDBOX = RuleSet("the python tool's sandbox", socket.AF_UNIX, socket.AF_INET)
+VERIFIER = RuleSet("the verifier worker", socket.AF_UNIX, socket.AF_UNIX)
 
 
-class SeccompUnsupported(RuntimeError):
-    """The machine's architecture has no syscall table here."""
+class SeccompUnavailable(RuntimeError):
+    """The filter cannot be built here (no libseccomp, or one that lacks a syscall or the architecture)."""
 
 
-def supported(machine: str | None = None) -> bool:
-    return (machine or platform.machine()).lower() in _ARCHES
-
-
-def _instruction(code: int, k: int, jump_true: int = 0, jump_false: int = 0) -> bytes:
-    if not (0 <= jump_true <= 255 and 0 <= jump_false <= 255):
-        raise ValueError("a classic-BPF jump reaches at most 255 instructions ahead")
-    return struct.pack("=HBBI", code, jump_true, jump_false, k)
-
-
-def _deny_if_equal(number: int, result: int) -> list[bytes]:
-    """``if nr == number: return result`` (the accumulator holds nr)."""
-    return [_instruction(JUMP_EQUAL, number, 0, 1), _instruction(RETURN, result)]
-
-
-def filter_bytes(machine: str | None = None) -> bytes:
-    """The filter for ``machine`` (default: this one); ``SeccompUnsupported`` for an architecture without a table."""
-    name = (machine or platform.machine()).lower()
-    arch = _ARCHES.get(name)
-    if arch is None:
-        raise SeccompUnsupported(f"no seccomp syscall table for the {name!r} architecture (known: x86_64, aarch64)")
-    eperm, enosys = ERRNO | errno.EPERM, ERRNO | errno.ENOSYS
-    program = [
-        _instruction(LOAD_WORD, ARCH_OFFSET),
-        _instruction(JUMP_EQUAL, arch.audit, 1, 0),
-        _instruction(RETURN, KILL_PROCESS),
-        _instruction(LOAD_WORD, NR_OFFSET),
-    ]
-    if arch.x32:
-        program += [_instruction(JUMP_GREATER_EQUAL, X32_SYSCALL_BIT, 0, 1), _instruction(RETURN, enosys)]
+def _add_rules(program: Filter, rules: RuleSet) -> None:
+    eperm, enosys, eafnosupport = act_errno(errno.EPERM), act_errno(errno.ENOSYS), act_errno(errno.EAFNOSUPPORT)
     for syscall in DENIED:
-        program += _deny_if_equal(arch.numbers[syscall], eperm)
-    program += _deny_if_equal(arch.numbers["clone3"], enosys)
-    # clone: refused when its flags (args[0]; the low word is at the lower address on both architectures,
-    # which are little-endian) ask for a new namespace.
-    program += [
-        _instruction(JUMP_EQUAL, arch.numbers["clone"], 0, 3),
-        _instruction(LOAD_WORD, ARGS_OFFSET),
-        _instruction(JUMP_ANY_BIT, CLONE_NAMESPACE_FLAGS, 0, 1),
-        _instruction(RETURN, eperm),
-        _instruction(RETURN, ALLOW),
-    ]
-    return b"".join(program)
+        program.add(eperm, syscall)
+    program.add(enosys, "clone3")
+    for flag in CLONE_NAMESPACE_FLAGS.values():  # a rule's comparisons are ANDed: one rule per flag
+        program.add(eperm, "clone", Comparison(0, "&==", flag, mask=flag))
+    for syscall in ("socket", "socketpair"):
+        # 64-bit comparisons: a family with any high bit set is above the range, and refused.
+        program.add(eafnosupport, syscall, Comparison(0, "<", rules.lowest_family))
+        program.add(eafnosupport, syscall, Comparison(0, ">", rules.highest_family))
+
+
+def _build(rules: RuleSet, architecture: str | None) -> Filter:
+    program = None
+    try:
+        program = Filter(ACT_ALLOW, architecture)
+        _add_rules(program, rules)
+    except (LibseccompMissing, ValueError) as err:  # ValueError: a syscall or architecture it does not know
+        if program is not None:
+            program.close()
+        raise SeccompUnavailable(f"the seccomp filter of {rules.name} cannot be built: {err}") from err
+    return program
+
+
+def filter_bytes(rules: RuleSet = SANDBOX, architecture: str | None = None) -> bytes:
+    """The classic-BPF program of ``rules`` for ``architecture`` (libseccomp's name; default: this machine's), in
+    the layout ``bwrap --seccomp FD`` and ``prctl(PR_SET_SECCOMP)`` read (``struct sock_filter``, native order)."""
+    with _build(rules, architecture) as program:
+        return program.export_bpf()
 
 
 @functools.cache
-def filter_for_this_machine() -> bytes | None:
-    """This machine's filter; None, with a warning (once), where its architecture has no syscall table."""
-    try:
-        return filter_bytes()
-    except SeccompUnsupported as err:
-        logger.warning("sandbox: running without a seccomp filter: %s", err)
-        return None
+def filter_for_this_machine() -> bytes:
+    """The sandbox's program for this machine; ``SeccompUnavailable`` saying why and how to fix it otherwise."""
+    return filter_bytes(SANDBOX)
+
+
+def load(rules: RuleSet) -> None:
+    """Install ``rules`` on this process and all its threads, for good (it sets ``no_new_privs`` too)."""
+    with _build(rules, None) as program:
+        program.load()
