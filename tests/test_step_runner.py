@@ -66,6 +66,18 @@ def _reference_logprobs(policy, prompts, responses) -> list[torch.Tensor]:
     return out
 
 
+@torch.no_grad()
+def _reference_entropy(policy, prompts, responses) -> float:
+    """The token mean, over every response token, of the entropy of softmax(logits / TEMPERATURE)."""
+    total, tokens = 0.0, 0
+    for prompt, response in zip(prompts, responses):
+        logits = policy(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1] / TEMPERATURE
+        logp = torch.log_softmax(logits.double(), -1)
+        total += float(-(logp.exp() * logp).sum())
+        tokens += len(response)
+    return total / tokens
+
+
 class GradientRecorder:
     """An ``optimizer_step`` that keeps a copy of the gradients, then applies SGD (or not) and clears them."""
 
@@ -153,10 +165,20 @@ def test_epochs_and_mini_batches_cover_every_row_once_per_epoch(policy):
     alg = AlgorithmConfig(ppo_epochs=2, mini_batches=2, stare=STAREConfig(enabled=True, target_entropy=100.0, w=3.0))
     recorder = GradientRecorder(policy, lr=0.5)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    with torch.no_grad():  # the rollout policy's statistics at the sampling temperature, row by row
+        want_logprobs = _reference_logprobs(policy, prompts, responses)
+        want_entropy = _reference_entropy(policy, prompts, responses)
     runner = StepRunner(_plan(alg, micro_batch_tokens=30), alg, verifiers=None, sampling=None, pad_token_id=0,
                         policy=policy, optimizer_step=recorder, controller=alg.stare.make_controller())  # fmt: skip
     result = runner.learn(_collection(batch), seed=5)
     assert len(result.grad_norms) == len(recorder.grads) == 4
+    # The scoring pass (old log-probs, the gate's entropy) ran at TEMPERATURE, not at the logits' temperature 1.
+    for row, lp in enumerate(want_logprobs):
+        assert torch.allclose(result.scores.logprobs[row, : len(lp)], lp, atol=1e-5), row
+    assert result.entropy == pytest.approx(want_entropy, rel=1e-5)
+    # The update's first forward sees the policy the scoring pass saw, at the same temperature: every ratio is 1.
+    first = result.micro_batch_sums[0]
+    assert float(first["ratio_sum"]) == pytest.approx(float(first["tokens"]), rel=1e-6)
     tokens = sum(len(r) for r in responses)
     assert sum(float(s["tokens"]) for s in result.micro_batch_sums) == 2 * tokens
     # Every micro-batch applied a step-wide selection (gate open): its slice of omega, W on selected T+ tokens.
@@ -244,3 +266,18 @@ def test_collect_then_learn_against_a_scripted_sampler(policy):
     result = runner.learn(collection, seed=0)
     assert len(recorder.grads) == 1 and result.entropy > 0
     assert result.batch.num_rows == 6 and len(result.selections) == 1
+    # The update ran at the sampling temperature: its statistics and its gradient are those of the log-probs of
+    # softmax(logits / TEMPERATURE), computed row by row from the sampler's rows (no group was filtered out).
+    rows = ScriptedSampler(["yes", "no"], policy.config.vocab_size).generate(
+        [p["prompt_ids"] for p in prompts], SamplingParams(n=N, max_new_tokens=8)
+    )
+    logprobs = _reference_logprobs(policy, rows.prompt_ids, rows.response_ids)
+    for row, lp in enumerate(logprobs):
+        assert torch.allclose(result.scores.logprobs[row, : len(lp)], lp.detach(), atol=1e-5), row
+    assert result.entropy == pytest.approx(_reference_entropy(policy, rows.prompt_ids, rows.response_ids), rel=1e-5)
+    advantages = collection.batch.advantages
+    tokens = sum(len(r) for r in rows.response_ids)
+    policy.zero_grad()
+    (-sum(a * lp.sum() for a, lp in zip(advantages, logprobs)) / tokens).backward()
+    for name, p in policy.named_parameters():
+        assert torch.allclose(recorder.grads[0][name], p.grad, atol=1e-6, rtol=1e-4), name

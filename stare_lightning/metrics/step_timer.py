@@ -9,6 +9,7 @@ On a GPU each lap first waits for the queued kernels, so a phase is charged with
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -16,15 +17,15 @@ PHASES = ("rollout", "tool", "verify", "score", "update", "sync", "telemetry", "
 
 
 class StepTimer:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.started = self.last = time.perf_counter()
+    def __init__(self, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.device, self.clock = device, clock  # clock: seconds, monotonic (a test drives it by hand)
+        self.started = self.last = clock()
         self.seconds: dict[str, float] = {}
 
     def lap(self, name: str) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
+        now = self.clock()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
         self.last = now
 
