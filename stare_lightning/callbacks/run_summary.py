@@ -1,4 +1,8 @@
-"""The end-of-fit report: a table of what moved (accuracy, diversity, entropy, gate, quadrants) and a PNG."""
+"""The end-of-fit report: a table of what moved (accuracy, diversity, entropy, gate, quadrants) and a PNG.
+
+The table fits a terminal of 80 columns: each metric keeps its full name in a column of its own, and what "start" and
+"end" mean is said once per section instead of on every row.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ TRAIN_KEYS = (
     "train/memory/peak_gib",
     "train/memory/current_gib",
 )
+STEP_TIME = "train/time/step_s"
+VAL_HEADING = "validation: first and last evaluation"
+TRAIN_HEADING = "training: mean of the first and last 10 steps"
 
 
 class RunSummary(Callback):
@@ -48,44 +55,56 @@ class RunSummary(Callback):
     def on_train_batch_end(self, trainer: lightning.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.train_history.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
 
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(metric, at start, at end) rows of the table."""
-        rows = []
+    def sections(self) -> list[tuple[str, list[tuple[str, str, str]]]]:
+        """The table's sections: (heading, [(metric, start, end), ...]), empty sections left out."""
+        val_rows = []
         first, last = (self.validations[0], self.validations[-1]) if self.validations else ({}, {})
         # Per-benchmark accuracy (val/<benchmark>/avg@<n>, maj@<n>) and their mean over benchmarks (val/avg).
         benchmarks = sorted(k for k in {*first, *last} if _BENCHMARK_KEY.fullmatch(k))
         for key in (*VAL_KEYS, *benchmarks, "val/avg"):
             if key in first or key in last:
-                rows.append((key, _fmt(first.get(key)), _fmt(last.get(key))))
+                val_rows.append((key, _fmt(first.get(key)), _fmt(last.get(key))))
+        train_rows = []
         head, tail = self.train_history[:10], self.train_history[-10:]
-        for key in TRAIN_KEYS:
+        quadrants = tuple(f"train/quadrant/exact/{quadrant}/tokens" for quadrant in QUADRANTS)
+        for key in (*TRAIN_KEYS, *quadrants):
             start, end = _mean(head, key), _mean(tail, key)
             if start is not None or end is not None:
-                rows.append((key + " (first/last 10 steps)", _fmt(start), _fmt(end)))
-        time_row = _time_row(head, tail)
-        if time_row is not None:
-            rows.append(time_row)
-        for quadrant in QUADRANTS:
-            key = f"train/quadrant/exact/{quadrant}/tokens"
-            start, end = _mean(head, key), _mean(tail, key)
-            if start is not None:
-                rows.append((key, _fmt(start), _fmt(end)))
-        return rows
+                train_rows.append((key, _fmt(start), _fmt(end)))
+        train_rows += _time_rows(head, tail)
+        sections = [(VAL_HEADING, val_rows), (TRAIN_HEADING, train_rows)]
+        return [(heading, rows) for heading, rows in sections if rows]
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(metric, at start, at end) rows of the table, every section's in order."""
+        return [row for _, rows in self.sections() for row in rows]
+
+    def table(self, steps: int):
+        """The summary as a rich ``Table``: full metric names in the first column (a name longer than the terminal
+        allows folds onto a second line instead of being cut), the numbers right-aligned."""
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"stare_lightning: {self.name} after {steps} steps")
+        table.add_column("metric", overflow="fold")
+        for column in ("start", "end"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for heading, rows in self.sections():
+            table.add_row(Text(heading, style="bold"), "", "")
+            for index, (metric, start, end) in enumerate(rows):
+                # A phase of the step time is indented under train/time/step_s, whose sum it is part of.
+                label = f"  {metric}" if metric.startswith("train/time/") and metric != STEP_TIME else metric
+                table.add_row(label, start, end, end_section=index == len(rows) - 1)
+        return table
 
     def teardown(self, trainer: lightning.Trainer, pl_module, stage: str) -> None:
         # At teardown, after the progress bar (earlier in the callback list) has stopped: the table comes last.
         if stage != "fit" or trainer.global_rank != 0 or trainer.sanity_checking:
             return
         from rich.console import Console
-        from rich.table import Table
 
-        table = Table(title=f"stare_lightning: {self.name} after {trainer.global_step} steps")
-        for column in ("metric", "start", "end"):
-            table.add_column(column)
-        for row in self.rows():
-            table.add_row(*row)
         console = Console()
-        console.print(table)
+        console.print(self.table(trainer.global_step))
         png = self.write_png(trainer)
         if png is not None:
             console.print(f"curves: {png}")
@@ -110,19 +129,13 @@ class RunSummary(Callback):
         self.train_history = list(state_dict.get("train_history", []))
 
 
-def _time_row(head: list[dict[str, float]], tail: list[dict[str, float]]) -> tuple[str, str, str] | None:
-    """The step time and its phases folded into one row, ``0.75 = 0.38 + 0.02 + ...``; phases that never took
-    time (the tool's without a tool) are left out."""
-    if _mean(head, "train/time/step_s") is None and _mean(tail, "train/time/step_s") is None:
-        return None
+def _time_rows(head: list[dict[str, float]], tail: list[dict[str, float]]) -> list[tuple[str, str, str]]:
+    """The step time, then each phase that took time (the tool's only with a tool); the phases add up to it."""
+    if _mean(head, STEP_TIME) is None and _mean(tail, STEP_TIME) is None:
+        return []
     ran = [p for p in PHASES if any((_mean(h, f"train/time/{p}") or 0.0) > 0 for h in (head, tail))]
-
-    def folded(history):
-        total = _fmt(_mean(history, "train/time/step_s"), 2)
-        parts = [_fmt(_mean(history, f"train/time/{phase}"), 2) for phase in ran]
-        return f"{total} = {' + '.join(parts)}" if parts else total
-
-    return f"train/time/step_s = {' + '.join(ran)} (first/last 10 steps)", folded(head), folded(tail)
+    keys = [STEP_TIME, *(f"train/time/{phase}" for phase in ran)]
+    return [(key, _fmt(_mean(head, key), 2), _fmt(_mean(tail, key), 2)) for key in keys]
 
 
 def _mean(history: list[dict[str, float]], key: str) -> float | None:
