@@ -2,17 +2,21 @@
 
 ``confine`` runs first in the worker (``pool._worker_main``), before any verifier is imported:
 
-1. As root: new mount and network namespaces (the network namespace holds a downed loopback only, so nothing is
-   reachable, the host's loopback services and the cloud metadata address included). In the mount namespace every
-   mount is read-only, the world-writable directories become empty tmpfs (``/var/tmp`` and ``/dev/shm`` read-only,
-   ``/tmp`` a small private scratch that vanishes with the worker), and directories only their owner may enter
-   that hold what the worker imports (``/root`` holding a pyenv interpreter, a pytest directory holding a user
-   verifier) become a tmpfs with just those paths bound back. Then
-   the worker gives up root for a uid of its own (named in no ``/etc/passwd`` line, running no process), with no
-   groups and ``no_new_privs``: it can read what any user can, and write nothing the host sees.
-   Not root: the same namespaces inside a user namespace where the kernel allows one, then a nested user namespace
-   that maps back to the trainer's uid, so the worker holds no capability over those mounts; the uid stays the
-   trainer's (a process cannot take another uid without privileges).
+1. As root: new mount, network and pid namespaces (the network namespace holds a downed loopback only, so nothing is
+   reachable, the host's loopback services and the cloud metadata address included). The pid namespace takes a fork:
+   the process the pool started stays outside as a supervisor that only waits, and its child, pid 1 of the new
+   namespace with a fresh ``/proc``, becomes the worker: it sees no other process, nor any command line. It dies with
+   its supervisor (a parent-death signal), and everything in the namespace dies with it, so killing the process the
+   pool knows takes the whole namespace down. In the mount namespace every mount but ``/proc`` is read-only, the
+   world-writable directories become empty tmpfs (``/var/tmp`` and ``/dev/shm`` read-only, ``/tmp`` a small private
+   scratch that vanishes with the worker), and directories only their owner may enter that hold what the worker
+   imports (``/root`` holding a pyenv interpreter, a pytest directory holding a user verifier) become a tmpfs with
+   just those paths bound back. Then the worker gives up root for a uid of its own (named in no ``/etc/passwd`` line,
+   running no process), with no groups and ``no_new_privs``: it can read what any user can, and write nothing the
+   host sees. Not root: the same namespaces inside a user namespace where the kernel allows one (a fresh ``/proc``
+   only where the kernel lets a user namespace mount one), then a nested user namespace that maps back to the
+   trainer's uid, so the worker holds no capability over those mounts; the uid stays the trainer's (a process cannot
+   take another uid without privileges).
 2. Resource limits: address space (``memory_limit_mb``), files of at most ``SCRATCH_MB`` (none without the mount
    namespace), no core files, 64 open files, and with a uid of its own no new process or thread (``RLIMIT_NPROC``
    at the worker's own task count).
@@ -27,6 +31,8 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import select
+import signal
 import stat
 import sys
 import zlib
@@ -41,9 +47,10 @@ __all__ = ["Confinement", "confine", "worker_environment"]
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 OPEN_FILES = 64
 SCRATCH_MB = 16  # the worker's private /tmp, which vanishes with it
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-_PR_SET_NO_NEW_PRIVS = 38
+_MS_NOEXEC = 8
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
 _UID_FLOOR = 200_000  # a verifier uid is drawn above this, away from real users
 
 
@@ -57,6 +64,7 @@ class Confinement:
     mount_namespace: bool  # world-writable directories read-only, owner-only ones hidden
     memory_limit_mb: int | None
     unreadable_paths: tuple[str, ...] = ()  # import paths its uid may not read (modules there cannot load)
+    pid_namespace: bool = False  # pid 1 of a namespace of its own, with its own /proc: sees no other process
 
     def weaknesses(self) -> list[str]:
         found = []
@@ -73,6 +81,8 @@ class Confinement:
             found.append("has the trainer's network (no network namespace could be created)")
         if not self.mount_namespace:
             found.append("can write where the trainer's uid can (no mount namespace could be created)")
+        if not self.pid_namespace:
+            found.append("sees the host's processes and their command lines (no pid namespace with its own /proc)")
         return found
 
 
@@ -142,20 +152,24 @@ def _hidden_dirs(needed: list[str], own_uid: bool) -> dict[str, list[str]]:
 _MOUNT_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": 8, "noatime": 1 << 10, "relatime": 1 << 21}
 
 
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, flags to keep) of every mount this namespace sees, outermost first."""
+def _mount_points() -> list[tuple[str, int, str]]:
+    """(mount point, flags to keep, file system type) of every mount this namespace sees, outermost first."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         point = fields[4].encode().decode("unicode_escape")  # spaces and tabs come escaped as octal (\040)
         flags = sum(_MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
-        found.append((point, flags))
+        found.append((point, flags, fields[fields.index("-") + 1]))
     return found
 
 
 def _read_only_everywhere() -> None:
-    """Every mount read-only (a world-writable directory anywhere would do for a dropped uid otherwise)."""
-    for point, flags in _mount_points():
+    """Every mount read-only (a world-writable directory anywhere would do for a dropped uid otherwise), but
+    ``/proc``: it holds no files to write to, and without a uid of its own the worker must still write its user
+    namespace's maps there (``_drop_capabilities_unprivileged``)."""
+    for point, flags, kind in _mount_points():
+        if kind == "proc":
+            continue
         try:
             _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
         except OSError:
@@ -246,23 +260,82 @@ def _free_uid() -> int | None:
     return next((start + (first + k) % span for k in range(4096) if start + (first + k) % span not in used), None)
 
 
-def _enter_namespaces_as_root() -> tuple[bool, bool]:
-    """New network and mount namespaces; (network, mounts) that could be made."""
-    if _unshare(_CLONE_NEWNS | _CLONE_NEWNET):
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here propagates to the host
-        return True, True
-    return _unshare(_CLONE_NEWNET), False
+def _enter_namespaces_as_root() -> tuple[bool, bool, bool]:
+    """New network, mount and pid namespaces; (network, mounts, pids) that could be made. The pid namespace is
+    only asked for with the mount namespace: without a ``/proc`` of its own it would hide nothing."""
+    for pids in (True, False):
+        if _unshare(_CLONE_NEWNS | _CLONE_NEWNET | (_CLONE_NEWPID if pids else 0)):
+            _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here propagates to the host
+            return True, True, pids
+    return _unshare(_CLONE_NEWNET), False, False
 
 
-def _enter_namespaces_unprivileged(uid: int, gid: int) -> tuple[bool, bool]:
-    """A user namespace holding new mount and network namespaces; (network, mounts) that could be made."""
-    if not _unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET):
-        return False, False
+def _enter_namespaces_unprivileged(uid: int, gid: int) -> tuple[bool, bool, bool]:
+    """A user namespace holding new mount, network and pid namespaces; (network, mounts, pids) that could be made."""
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET
+    pids = _unshare(flags | _CLONE_NEWPID)
+    if not pids and not _unshare(flags):
+        return False, False, False
     Path("/proc/self/setgroups").write_text("deny")
     Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
     Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    return True, True
+    return True, True, pids
+
+
+def _supervise(child: int) -> None:
+    """The supervisor's whole life: wait for the worker, then exit with its status (never returns).
+
+    Asked to stop (SIGTERM, what the pool sends first), it kills the worker and reaps it before it exits, so no
+    zombie is left for the host's init to collect; killed outright (SIGKILL), it takes the worker down through the
+    worker's parent-death signal."""
+
+    def stop(_signum, _frame):
+        try:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass  # already reaped below
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _become_namespace_init() -> int:
+    """Fork into the new pid namespace. The child (pid 1 there) returns the read end of a pipe whose write end only the
+    supervisor holds (see ``_die_with_supervisor``); the parent keeps no descriptor but that one, so the worker's
+    socket closes when the worker does, and supervises (``_supervise``)."""
+    supervisor_alive, held_by_supervisor = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(held_by_supervisor)
+        return supervisor_alive
+    os.close(supervisor_alive)
+    os.closerange(3, held_by_supervisor)
+    os.closerange(held_by_supervisor + 1, os.sysconf("SC_OPEN_MAX"))
+    _supervise(child)
+    raise AssertionError("unreachable: the supervisor exits in _supervise")
+
+
+def _die_with_supervisor(supervisor_alive: int) -> None:
+    """SIGKILL this process when its supervisor dies. Set after the last change of credentials (which clears it),
+    then the pipe tells whether the supervisor died before it was set: its end closes with it."""
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if select.select([supervisor_alive], [], [], 0)[0]:
+        os._exit(1)
+    os.close(supervisor_alive)
+
+
+def _fresh_proc() -> bool:
+    """Mount a ``/proc`` of this pid namespace over the host's; whether the kernel allowed it."""
+    try:
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    except OSError:
+        return False
+    return True
 
 
 def _drop_capabilities_unprivileged(uid: int, gid: int) -> None:
@@ -289,10 +362,12 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     needed = _needed_paths()
     if real_uid == 0:
         new_uid = _free_uid()
-        network, mounts = _enter_namespaces_as_root()
+        network, mounts, pids = _enter_namespaces_as_root()
     else:
         new_uid = None
-        network, mounts = _enter_namespaces_unprivileged(real_uid, real_gid)
+        network, mounts, pids = _enter_namespaces_unprivileged(real_uid, real_gid)
+    supervisor_alive = _become_namespace_init() if pids else None
+    pids = pids and mounts and _fresh_proc()
     # Import paths the worker's own uid could still not read (bound back, but closed to others themselves).
     unreadable = tuple(p for p in needed if new_uid is not None and not mounts and not _others_may_enter(p))
     if mounts:
@@ -303,6 +378,8 @@ def confine(memory_limit_mb: int | None) -> Confinement:
         _become(new_uid)
     elif real_uid != 0 and mounts:
         _drop_capabilities_unprivileged(real_uid, real_gid)
+    if supervisor_alive is not None:
+        _die_with_supervisor(supervisor_alive)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     if memory_limit_mb:
         _limit(resource.RLIMIT_AS, memory_limit_mb * 1024 * 1024)
@@ -320,4 +397,5 @@ def confine(memory_limit_mb: int | None) -> Confinement:
         network_namespace=network,
         mount_namespace=mounts,
         memory_limit_mb=memory_limit_mb,
+        pid_namespace=pids,
     )

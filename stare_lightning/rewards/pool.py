@@ -1,31 +1,37 @@
-"""Score responses in a persistent worker process, every call under a hard per-call deadline.
+"""Score responses in a persistent worker process, every call under a hard per-item deadline and a per-call budget.
 
 ``VerifierPool.score`` ships a whole batch of ``(verifier_name, response, answer, metadata)`` items to
 one long-lived worker (``multiprocessing``, spawn context by default) in a single message; the worker
-scores item by item, and the parent gives each item ``timeout_s`` seconds from the end of the previous one.
-An item that misses its deadline (``9^{9^{9^{9}}}`` handed to sympy, a user verifier that loops) scores 0
-and is counted; the worker is killed (SIGKILL: a C-level big-integer power ignores signals and
-exceptions) and a fresh one picks up the rest of the batch. An exception, a score that is not a number
-in [0, 1], or a crashed worker scores 0 and counts as an error. Nothing the verifiers do can stop the
+scores item by item, and the parent gives each item ``timeout_s`` seconds from the end of the previous one,
+and the whole call ``batch_timeout_s``. An item that misses its deadline (``9^{9^{9^{9}}}`` handed to sympy, a
+user verifier that loops) scores 0 and is counted; the worker is killed (SIGKILL: a C-level big-integer power
+ignores signals and exceptions) and a fresh one picks up the rest of the batch. Once the call's budget is spent,
+the worker is killed and every item not yet scored scores 0 as a timeout. An exception, a score that is not a
+number in [0, 1], or a crashed worker scores 0 and counts as an error. Nothing the verifiers do can stop the
 training loop, and no verifier ever runs in the trainer process.
 
 Verifiers read model output, and the parsers they use may evaluate it, so the worker is untrusted: it starts
 with an empty environment, then confines itself before importing any verifier (``confinement.py``: no network,
-nothing writable, a uid of its own, memory and process limits), and every call runs under ``scoring_guard``
-(text is evaluated only when it names nothing but sympy constructors and harmless builtins; no process, socket or
-file write). A call that trips the guard scores 0 and counts as an error.
+nothing writable, a uid and a pid namespace of its own, memory and process limits), and every call runs under
+``scoring_guard`` (text is evaluated only when it names nothing but listed sympy constructors and harmless
+builtins; no process, socket or file write). A call that trips the guard scores 0 and counts as an error.
 
-Progress and scores travel through shared memory (one counter, two arrays); the pipe carries one
-message each way per batch (plus one per error), so the cost over calling the verifiers in-process is
-one round trip plus pickling the batch (measured here: about 0.3 ms for 128 countdown checks, on top
-of the 3.4 ms the checks themselves take). There is no in-process fast path: at that price the
-guarantee is kept for every verifier.
+What the worker sends back is data, never objects (``worker_protocol``): length-prefixed JSON of three fixed
+shapes, read without blocking, and scores in shared memory (one counter, two arrays), each value checked (a
+finite score in [0, 1], a known status, a progress within the batch). A worker that breaks that contract is
+running someone's code: it is killed, and the items it affected score 0 as errors. "Affected" means every item of
+the batch message in flight up to the one it was on when caught (its shared-memory scores could have been
+written by that code); items after it go to a fresh worker, and items of earlier messages, collected before,
+keep their scores. The cost over calling the verifiers in-process is one round trip plus pickling the batch
+(``benchmarks/bench_verifier_pool.py`` prints it). There is no in-process fast path: at that price the guarantee
+is kept for every verifier.
 
 The worker imports only ``stare_lightning.rewards`` and the verifiers it is asked for, never the
 caller's main script (see ``_main_module_hidden``), so user verifiers must live in importable modules.
 It is a daemon process: a user verifier may not start processes of its own. It ignores
-SIGINT (the trainer decides when it stops), exits when its pipe closes, and is killed by ``close()``,
-when the pool is garbage-collected, and at interpreter exit.
+SIGINT (the trainer decides when it stops), exits when its socket closes, and is stopped by ``close()``,
+when the pool is garbage-collected, and at interpreter exit (SIGTERM to the process the pool started, which
+kills and reaps the worker; SIGKILL if it has not exited within ``_STOP_GRACE_S``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -45,15 +52,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stare_lightning.rewards import scoring_guard
+from stare_lightning.rewards import scoring_guard, worker_protocol
 from stare_lightning.rewards.confinement import Confinement, confine, worker_environment
+from stare_lightning.rewards.worker_protocol import MalformedMessage, TrainerEnd
 
 log = logging.getLogger(__name__)
 
 Item = tuple  # (verifier_name: str, response: str, answer: str, metadata: dict)
 
 _MAX_MESSAGES = 20
-_DEAD = object()
+_STOP_GRACE_S = 2.0  # the supervisor kills and reaps the worker on SIGTERM within milliseconds
+# Default budget of one score() call: honest items take milliseconds (math-verify: ~3 ms median, ~0.2 s at worst on
+# a cold cache; countdown: ~30 us), so 50 ms each is ten times the usual cost, and the fixed 60 s pays for a worker
+# start with its sympy import (2-5 s) plus about ten items that run into the default 5 s per-item limit.
+BATCH_BUDGET_BASE_S, BATCH_BUDGET_PER_ITEM_S = 60.0, 0.05
 
 
 @dataclass
@@ -76,28 +88,29 @@ def _as_score(value: Any) -> float:
     return score
 
 
-_OK, _ERROR = 1, 2
+_UNSCORED, _OK, _ERROR = 0, 1, 2  # status[i]; reset to _UNSCORED before each batch message
 
 
-def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) -> None:
+def _worker_main(sock: socket.socket, progress, scores, status, memory_limit_mb: int | None) -> None:
     """Worker loop: receive a batch, resolve its verifiers, score it; errors are reported as they happen.
 
-    Progress goes through shared memory, not the pipe: ``scores[i]`` and ``status[i]`` are written, then
+    Progress goes through shared memory, not the socket: ``scores[i]`` and ``status[i]`` are written, then
     ``progress`` is set to ``i + 1``, so the parent can time every item and keep the finished ones when
     it has to kill the worker. ``progress`` is -1 while the batch's verifiers are being imported.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    confinement = confine(memory_limit_mb)
+    confinement = confine(memory_limit_mb)  # with a pid namespace, returns in the namespace's pid 1 only
     from stare_lightning.rewards.registry import get_verifier
 
     scoring_guard.install()
     functions: dict[str, Any] = {}
     broken: dict[str, str] = {}
-    conn.send(("hello", os.getpid(), confinement))
+    send = worker_protocol.send_message
+    send(sock, worker_protocol.hello(os.getpid(), confinement))
     while True:
         try:
-            batch = conn.recv()
-        except (EOFError, OSError):
+            batch = worker_protocol.receive_batch(sock)
+        except OSError:
             return
         if batch is None:
             return
@@ -107,7 +120,7 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
             try:
                 fn = get_verifier(name)
             except BaseException as exc:  # noqa: BLE001 - report anything, keep serving
-                broken[name] = f"cannot load verifier: {type(exc).__name__}: {exc}"[:400]
+                broken[name] = f"cannot load verifier: {type(exc).__name__}: {exc}"
                 continue
             warmup = getattr(fn, "warmup", None)
             if callable(warmup):
@@ -120,7 +133,7 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
         for i, (name, response, answer, metadata) in enumerate(batch):
             if name in broken:
                 scores[i], status[i] = 0.0, _ERROR
-                conn.send(("error", i, broken[name]))
+                send(sock, worker_protocol.error(i, broken[name]))
             else:
                 try:
                     prepare = getattr(functions[name], "prepare", None)
@@ -133,9 +146,9 @@ def _worker_main(conn, progress, scores, status, memory_limit_mb: int | None) ->
                     scores[i], status[i] = score, _OK
                 except BaseException as exc:  # noqa: BLE001 - a verifier may raise anything, even SystemExit
                     scores[i], status[i] = 0.0, _ERROR
-                    conn.send(("error", i, f"{type(exc).__name__}: {exc}"[:400]))
+                    send(sock, worker_protocol.error(i, f"{type(exc).__name__}: {exc}"))
             progress.value = i + 1
-        conn.send(("done", None))
+        send(sock, worker_protocol.done())
 
 
 @contextlib.contextmanager
@@ -173,32 +186,41 @@ def _main_module_hidden():
 
 
 class _Worker:
-    """The live worker process and its pipe; shared with the finalizer so it always sees the current one."""
+    """The live worker process and the trainer's end of its socket; shared with the finalizer."""
 
     def __init__(self) -> None:
         self.proc = None
-        self.conn = None
+        self.end: TrainerEnd | None = None
 
 
 def _stop(worker: _Worker) -> None:
-    conn, proc = worker.conn, worker.proc
-    worker.conn = worker.proc = None
-    if conn is not None:
-        try:
-            conn.close()
-        except OSError:
-            pass
+    """Stop the worker: SIGTERM to the process the pool started (the pid namespace's supervisor kills and reaps
+    the worker, and the namespace dies with it), SIGKILL if it lingers."""
+    end, proc = worker.end, worker.proc
+    worker.end = worker.proc = None
+    if end is not None:
+        end.close()
     if proc is not None:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=_STOP_GRACE_S)
         if proc.is_alive():
             proc.kill()
         proc.join(timeout=10)
 
 
+class _Compromised(Exception):
+    """The worker broke the protocol (a malformed message, an impossible value in shared memory)."""
+
+
 class VerifierPool:
-    """Runs verifiers in a persistent worker process with a hard timeout per call.
+    """Runs verifiers in a persistent worker process with a hard timeout per item and a time budget per call.
 
     Args:
         timeout_s: seconds each item may take, counted from the end of the previous item.
+        batch_timeout_s: seconds one ``score`` call may take in all (worker starts and imports included); items
+            not scored by then score 0 as timeouts. None (the default): ``BATCH_BUDGET_BASE_S`` plus
+            ``BATCH_BUDGET_PER_ITEM_S`` per item.
         start_method: ``"spawn"`` (default) or ``"forkserver"``; ``"fork"`` is refused (unsafe in a
             process that runs torch threads).
         startup_timeout_s: seconds allowed to start the worker and to import the verifiers a batch
@@ -213,12 +235,19 @@ class VerifierPool:
         self,
         timeout_s: float = 5.0,
         *,
+        batch_timeout_s: float | None = None,
         start_method: str = "spawn",
         startup_timeout_s: float = 120.0,
         memory_limit_mb: int | None = 4096,
     ) -> None:
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"VerifierPool timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if batch_timeout_s is not None and not (
+            isinstance(batch_timeout_s, (int, float)) and math.isfinite(batch_timeout_s) and batch_timeout_s > 0
+        ):
+            raise ValueError(
+                f"VerifierPool batch_timeout_s must be a positive number of seconds or None, got {batch_timeout_s!r}"
+            )
         if not (isinstance(startup_timeout_s, (int, float)) and startup_timeout_s > 0):
             raise ValueError(f"VerifierPool startup_timeout_s must be positive, got {startup_timeout_s!r}")
         allowed = [m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()]
@@ -227,6 +256,7 @@ class VerifierPool:
         if memory_limit_mb is not None and (type(memory_limit_mb) is not int or memory_limit_mb <= 0):
             raise ValueError(f"VerifierPool memory_limit_mb must be a positive int or None, got {memory_limit_mb!r}")
         self.timeout_s = float(timeout_s)
+        self.batch_timeout_s = None if batch_timeout_s is None else float(batch_timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
         self.memory_limit_mb = memory_limit_mb
         self.start_method = start_method
@@ -244,42 +274,66 @@ class VerifierPool:
         self.confinement: Confinement | None = None  # what the worker runs under, once one has started
         self._warned = False
 
+    def budget_s(self, items: int) -> float:
+        """The time budget of a ``score`` call with ``items`` items."""
+        if self.batch_timeout_s is not None:
+            return self.batch_timeout_s
+        return BATCH_BUDGET_BASE_S + BATCH_BUDGET_PER_ITEM_S * items
+
     # -- worker lifecycle -------------------------------------------------------------------------
-    def _ensure_worker(self) -> None:
+    def _ensure_worker(self, deadline: float) -> bool:
+        """A live worker that has said hello; False when the call's budget ran out first (the worker is stopped).
+
+        Raises RuntimeError when the worker dies while starting, does not start within ``startup_timeout_s``
+        or starts with a malformed hello."""
         if self._worker.proc is not None and self._worker.proc.is_alive():
-            return
+            return True
         _stop(self._worker)
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, self._progress, self._scores, self._status, self.memory_limit_mb),
+            args=(theirs, self._progress, self._scores, self._status, self.memory_limit_mb),
             daemon=True,
             name="stare-verifier",
         )
         with _main_module_hidden(), _environment_replaced(worker_environment()):
             proc.start()
-        child_conn.close()
-        self._worker.proc, self._worker.conn = proc, parent_conn
+        theirs.close()
+        end = TrainerEnd(ours)
+        self._worker.proc, self._worker.end = proc, end
         self.starts += 1
-        try:
-            hello = parent_conn.recv() if parent_conn.poll(self.startup_timeout_s) else None
-        except (EOFError, OSError):
-            hello = None
-        ok = hello is not None and hello[0] == "hello"
-        if ok:
-            self.confinement = hello[2]
+        started = time.monotonic()
+        limit = min(started + self.startup_timeout_s, deadline)
+        hello, problem = None, None
+        while hello is None and problem is None and time.monotonic() < limit:
+            try:
+                frames = end.receive(min(self._slice, max(0.0, limit - time.monotonic())))
+                if len(frames) > 1:
+                    raise MalformedMessage("a message after hello before any batch")
+                if frames:
+                    hello = worker_protocol.decode(frames[0], {"hello"})
+            except EOFError:
+                problem = "died"
+            except MalformedMessage as exc:
+                problem = f"sent a malformed hello ({exc})"
+        if hello is not None:
+            self.confinement = hello["confinement"]
             if not self._warned and self.confinement.weaknesses():
                 self._warned = True
                 log.warning("the verifier worker %s", "; ".join(self.confinement.weaknesses()))
-        if not ok:
-            proc.join(timeout=0.5)
-            code = proc.exitcode
-            _stop(self._worker)
-            raise RuntimeError(
-                f"the verifier worker process died while starting (exit code {code})"
-                if code is not None
-                else f"the verifier worker process did not start within {self.startup_timeout_s:g} s"
-            )
+            return True
+        proc.join(timeout=0.5)
+        code = proc.exitcode
+        _stop(self._worker)
+        if problem is None and time.monotonic() >= deadline and deadline < started + self.startup_timeout_s:
+            return False  # the call's budget, not the start-up limit, ran out
+        if problem is not None and problem != "died":
+            raise RuntimeError(f"the verifier worker process {problem}")
+        raise RuntimeError(
+            f"the verifier worker process died while starting (exit code {code})"
+            if code is not None
+            else f"the verifier worker process did not start within {self.startup_timeout_s:g} s"
+        )
 
     def restart(self) -> None:
         """Kill the worker; the next ``score`` starts a fresh one."""
@@ -288,13 +342,14 @@ class VerifierPool:
 
     @property
     def worker_pid(self) -> int | None:
-        """Process id of the live worker, or None."""
+        """Process id (in the trainer's view) of the live worker's process, or None. With a pid namespace this is
+        the namespace's supervisor; the worker itself is its only child."""
         proc = self._worker.proc
         return proc.pid if proc is not None and proc.is_alive() else None
 
     # -- scoring ----------------------------------------------------------------------------------
     def score(self, items: Iterable[Item]) -> ScoreResult:
-        """Score ``(verifier_name, response, answer, metadata)`` items; never hangs past the deadlines."""
+        """Score ``(verifier_name, response, answer, metadata)`` items; never runs past the call's budget."""
         items = [tuple(item) for item in items]
         for i, item in enumerate(items):
             if len(item) != 4 or not isinstance(item[0], str) or not isinstance(item[1], str):
@@ -305,11 +360,18 @@ class VerifierPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("VerifierPool.score called after close()")
+            budget = self.budget_s(len(items))
+            deadline = time.monotonic() + budget
             try:
                 pos = 0
                 while pos < len(items):
+                    if time.monotonic() >= deadline:
+                        _stop(self._worker)
+                        result.timeouts += len(items) - pos
+                        self._note(result, f"items {pos}..{len(items) - 1}: past the call's budget of {budget:g} s")
+                        break
                     end = min(len(items), pos + self.max_items_per_message)
-                    pos = self._run_chunk(items, pos, end, result)
+                    pos = self._run_chunk(items, pos, end, result, deadline)
             except BaseException:
                 _stop(self._worker)  # never leave a worker busy with a batch nobody waits for
                 raise
@@ -319,9 +381,22 @@ class VerifierPool:
         if len(result.messages) < _MAX_MESSAGES:
             result.messages.append(text)
 
+    def _finished(self, count: int) -> int:
+        """The worker's progress through a message of ``count`` items: -1 (loading verifiers) to ``count``."""
+        done = self._progress.value
+        if not -1 <= done <= count:
+            raise _Compromised(f"progress {done} outside [-1, {count}]")
+        return done
+
     def _collect(self, items: list, pos: int, count: int, result: ScoreResult, errors: dict) -> None:
-        """Copy ``count`` finished scores of the chunk starting at ``pos`` out of shared memory."""
+        """Copy ``count`` finished scores of the message starting at ``pos`` out of shared memory, every value
+        checked first (nothing is copied when one is impossible)."""
         scores, status = self._scores[:count], self._status[:count]
+        for k in range(count):
+            if status[k] not in (_OK, _ERROR):
+                raise _Compromised(f"item {pos + k} finished with an unknown status {status[k]}")
+            if status[k] == _OK and not worker_protocol.finite_unit(scores[k]):
+                raise _Compromised(f"item {pos + k} scored {scores[k]!r}")
         for k in range(count):
             if status[k] == _OK:
                 result.scores[pos + k] = scores[k]
@@ -330,42 +405,98 @@ class VerifierPool:
                 detail = errors.get(k, "error (details lost with the worker)")
                 self._note(result, f"item {pos + k} ({items[pos + k][0]}): {detail}")
 
-    def _run_chunk(self, items: list, pos: int, end: int, result: ScoreResult) -> int:
-        """Score ``items[pos:end]``; return the index to continue from (``end`` unless the worker was killed)."""
-        self._ensure_worker()
-        conn = self._worker.conn
+    def _run_chunk(self, items: list, pos: int, end: int, result: ScoreResult, deadline: float) -> int:
+        """Score ``items[pos:end]``; return the index to continue from (``end`` unless the worker was stopped)."""
+        count = end - pos
+        try:
+            return self._score_message(items, pos, end, result, deadline)
+        except _Compromised as exc:
+            _stop(self._worker)
+            done = self._progress.value  # -1 (still loading its verifiers) or nonsense: nothing of it can be trusted
+            last = min(pos + done, end - 1) if 0 <= done <= count else end - 1
+            for k in range(pos, last + 1):
+                result.scores[k] = 0.0
+            result.errors += last + 1 - pos
+            self._note(
+                result,
+                f"items {pos}..{last}: the worker broke the message protocol ({exc}); it was killed and what it "
+                "scored in this message discarded",
+            )
+            return last + 1
+
+    def _spoke_out_of_turn(self) -> bool:
+        """Whether the idle worker sent anything since its last batch (or died): if so it is stopped, and no item
+        is affected (the next one starts fresh)."""
+        try:
+            spoke = bool(self._worker.end.receive(0.0))
+        except (EOFError, MalformedMessage):
+            spoke = True
+        if spoke:
+            log.warning("the verifier worker sent data between batches or died idle: stopped, a fresh one starts")
+            _stop(self._worker)
+        return spoke
+
+    def _score_message(self, items: list, pos: int, end: int, result: ScoreResult, deadline: float) -> int:
+        count = end - pos
         self._progress.value = -1
-        conn.send(items[pos:end])
+        if not self._ensure_worker(deadline) or (self._spoke_out_of_turn() and not self._ensure_worker(deadline)):
+            return pos  # out of budget: the caller scores the rest as timeouts
+        channel = self._worker.end
+        self._status[:count] = [_UNSCORED] * count
+        if not channel.send(items[pos:end], min(deadline, time.monotonic() + self.startup_timeout_s)):
+            if time.monotonic() >= deadline:
+                _stop(self._worker)
+                return pos
+            raise _Compromised("it did not take its batch")
         seen, since = -1, time.monotonic()
         errors: dict[int, str] = {}
         while True:
+            now = time.monotonic()
+            dead = False
             try:
-                reply = conn.recv() if conn.poll(self._slice) else None
-            except (EOFError, OSError):
-                reply = _DEAD
-            if reply is not None and reply is not _DEAD:
-                if reply[0] == "error":
-                    errors[reply[1]] = reply[2]
+                frames = channel.receive(max(0.0, min(self._slice, deadline - now)))
+            except EOFError:
+                frames, dead = [], True
+            except MalformedMessage as exc:
+                raise _Compromised(str(exc)) from None
+            for frame in frames:
+                try:
+                    message = worker_protocol.decode(frame, {"error", "done"}, items=count)
+                except MalformedMessage as exc:
+                    raise _Compromised(str(exc)) from None
+                if message["kind"] == "error":
+                    errors[message["index"]] = message["text"]
                     continue
-                self._collect(items, pos, end - pos, result, errors)
+                if self._finished(count) != count or frame is not frames[-1]:
+                    raise _Compromised(f"'done' after {self._progress.value} of {count} items, or followed by more")
+                self._collect(items, pos, count, result, errors)
                 return end
-            done = self._progress.value
+            done = self._finished(count)
             now = time.monotonic()
             if done != seen:
                 seen, since = done, now
-            if reply is None and now - since <= (self.startup_timeout_s if done < 0 else self.timeout_s):
+            limit = self.startup_timeout_s if done < 0 else self.timeout_s
+            if not dead and now - since <= limit and now < deadline:
                 continue
-            # The worker is stuck on item `done` (or died on it): keep what finished, kill it, move on.
+            # Stuck on item `done`, died on it, or out of budget: keep what finished, stop it, move on.
             _stop(self._worker)
+            if channel.partial:  # a frame begun and never finished: a worker that kept its word sends whole ones
+                raise _Compromised("it stopped in the middle of a message")
+            done = self._finished(count)
+            over_budget = not dead and now >= deadline
             if done < 0:
-                result.errors += end - pos
+                if over_budget:
+                    return pos  # the caller scores the rest as timeouts
+                result.errors += count
                 self._note(result, f"items {pos}..{end - 1}: the worker could not load their verifiers in time")
                 return end
             self._collect(items, pos, done, result, errors)
             index = pos + done
-            if index >= end:  # died after the last item, before reporting: nothing is lost
+            if index >= end:  # stopped after the last item, before reporting: nothing is lost
                 return end
-            if reply is _DEAD:
+            if over_budget:
+                return index
+            if dead:
                 result.errors += 1
                 self._note(result, f"item {index} ({items[index][0]}): the worker process died")
             else:
