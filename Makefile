@@ -53,8 +53,10 @@ lint: install
 	$(VENV)/bin/ruff format --check stare_lightning tests benchmarks scripts
 
 # Two worker processes of one thread each (tests/conftest.py): on two cores they run side by side at full speed.
+# -rs lists every skipped test with its reason; under CI=true a part `make install` provides fails instead
+# (tests/needs.py).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -x -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(PY) -m pytest -q -rs -x -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint
 	$(WITH_ALLOCATOR) $(PYTEST) $(PYTEST_ARGS)

@@ -19,10 +19,9 @@ def _child(env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.needs("tcmalloc")  # make install installs it where apt-get can
 def test_a_process_started_with_the_printed_preload_runs_on_tcmalloc():
     library = allocator.find_tcmalloc()
-    if library is None:
-        pytest.skip("no tcmalloc installed here (make install installs it where apt-get can)")
     printed = subprocess.run(
         [sys.executable, "-m", "stare_lightning.allocator"], capture_output=True, text=True, check=True
     ).stdout.strip()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from collections import Counter
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
+from tests.needs import require
+
+require("reasoning_gym")
 
 import reasoning_gym  # noqa: E402
 
@@ -222,7 +225,7 @@ class SlowDataset(ProceduralDataset):
         return {"question": "q", "answer": "a", "metadata": {"source_dataset": "slow_test"}}
 
     def score_answer(self, answer, entry):
-        time.sleep(60)
+        time.sleep(3600)  # far beyond any bound below: only a kill ends it
         return 1.0
 
 
@@ -246,10 +249,18 @@ def test_a_slow_scorer_times_out_cleanly_in_the_pool(tmp_path, monkeypatch):
         ("slow_rg_scorer:verify", "a", "a", slow),
         ("reasoning_gym", good.answer, good.answer, good.metadata),
     ]
-    with VerifierPool(timeout_s=1.0) as pool:
+    # Each item gets the per-item limit (a good one takes milliseconds); each worker start and its imports get the
+    # start-up limit, charged to no item; SLACK covers the kill, the reaping and the parent's polling.
+    limit, startup, slack = 5.0, 60.0, 10.0
+    with VerifierPool(timeout_s=limit, startup_timeout_s=startup) as pool:
+        started = time.monotonic()
         result = pool.score(items)
+        took = time.monotonic() - started
         assert result.scores == [1.0, 0.0, 1.0] and result.timeouts == 1 and result.errors == 0
         assert pool.starts == 2  # the stuck worker was killed and a fresh one finished the batch
+    # The slow item had its whole limit before the kill, and the call ended within what the limits allow for two
+    # worker starts and three items: long before the scorer's hour, so the worker was killed, not waited for.
+    assert limit <= took <= 2 * startup + len(items) * limit + slack, took
 
 
 def test_records_survive_a_jsonl_file_and_are_checked_on_load(tmp_path):

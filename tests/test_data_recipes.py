@@ -16,7 +16,6 @@ from stare_lightning.data import DataError, load_records
 from stare_lightning.data.recipes import PAPER_SUFFIX, RECIPES, describe_recipes, prepare, run_recipe
 from stare_lightning.rewards import get_verifier
 
-ROOT = Path(__file__).resolve().parent.parent
 DAPO_HEAD = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -357,7 +356,7 @@ def test_command_line(tmp_path):
     src = write(tmp_path / "test-00000-of-00001.parquet", CASES["gsm8k"][1])
     out = tmp_path / "data" / "gsm8k.jsonl"
     command = [sys.executable, "-m", "stare_lightning", "prepare", "gsm8k", "--src", str(src), "--out", str(out)]
-    done = subprocess.run([*command, "--suffix", "paper"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*command, "--suffix", "paper"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"gsm8k: wrote 3 records to {out}" in done.stdout
     records = load_records(out)

@@ -98,8 +98,10 @@ def test_parquet(tmp_path):
     assert records[2].metadata == {"numbers": [3, 5, 7], "target": 22} and records[2].verifier == "countdown"
 
 
+@pytest.mark.needs("datasets")
 def test_datasets_directory(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     rows = [{"question": "1+1?", "sol": {"value": "2"}}, {"question": "2+3?", "sol": {"value": "5"}}]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
     ds = datasets.load_from_disk(str(tmp_path / "ds"))
@@ -116,8 +118,8 @@ def test_datasets_directory(tmp_path):
     assert len(load_records(tmp_path / "dd", split="validation", **kwargs)) == 1
 
 
+@pytest.mark.needs("datasets")
 def test_hub_id_offline_gives_a_clear_error(monkeypatch):
-    pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DataError) as info:

@@ -99,7 +99,7 @@ def _evaluate(out: Path, files: list[Path], model_cache, extra=(), n_b=2):
     val_files = f"data.val_files=[{','.join(map(str, files))}]"
     val_sets = f"data.val_sets=[{{name: bench_b, n: {n_b}}}]"
     args = ["evaluate", f"output_dir={out}", *FAST, val_files, "rollout.val_n=4", val_sets, "validation.pass_k=[1,2,4]"]
-    proc = run_cli([*args, *extra], model_cache)
+    proc = run_cli([*args, *extra], model_cache, cwd=out.parent)
     log, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, log[-4000:]
     results = json.loads((out / "results.json").read_text())
@@ -154,7 +154,7 @@ def test_fit_logs_each_benchmark_and_stops_early_on_one(tmp_path, model_cache):
         "callbacks.early_stopping.min_delta=1.0", "trainer.val_check_interval=1", "trainer.max_steps=20",
         "validation.before_fit=false",
     ]  # fmt: skip
-    proc = run_cli(args, model_cache)
+    proc = run_cli(args, model_cache, cwd=tmp_path)
     log, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, log[-4000:]
     rows = read_metrics(tmp_path / "run")

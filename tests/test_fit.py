@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,11 +54,13 @@ def train_rows(rows):
     return {int(r["step"]): r for r in rows if "train/entropy" in r}
 
 
-def run_cli(args, env_cache, timeout=600, **kwargs):
+def run_cli(args, env_cache, *, cwd, entry=("-m", "stare_lightning"), **kwargs):
+    """The command line in a process of its own, started in ``cwd`` (a test's tmp_path): what Hydra writes relative
+    to it (outputs/ of a run without hydra.run.dir, the DDP children's re-entries) stays out of the checkout."""
     env = {**os.environ, "STARE_LIGHTNING_CACHE": env_cache, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "stare_lightning", *args],
-        cwd=REPO,
+        [sys.executable, *entry, *args],
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,19 +156,19 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
         ]
     )
     straight = tmp_path / "straight"
-    proc = run_cli(["fit", f"output_dir={straight}", *common], model_cache)
+    proc = run_cli(["fit", f"output_dir={straight}", *common], model_cache, cwd=tmp_path)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
 
     killed = tmp_path / "killed"
-    proc = run_cli(["fit", f"output_dir={killed}", *common], model_cache, start_new_session=True)
+    proc = run_cli(["fit", f"output_dir={killed}", *common], model_cache, cwd=tmp_path, start_new_session=True)
     checkpoint = killed / "checkpoints" / "epoch=0-step=2.ckpt"
     wait_for_checkpoint(proc, checkpoint)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
     resumed = run_cli(
-        ["fit", f"output_dir={killed}", f"ckpt_path='{checkpoint}'", *common], model_cache
+        ["fit", f"output_dir={killed}", f"ckpt_path='{checkpoint}'", *common], model_cache, cwd=tmp_path
     )  # quoted: the name holds '='
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out[-3000:]
@@ -184,6 +187,7 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
     proc = run_cli(
         ["validate", f"output_dir={evaluated}", f"ckpt_path={straight / 'checkpoints' / 'last.ckpt'}", *common],
         model_cache,
+        cwd=tmp_path,
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
@@ -191,27 +195,56 @@ def test_killed_run_resumes_exactly(tmp_path, model_cache):
     assert {"val/avg@n", "val/pass@1", "val/distinct_correct"} <= logged
 
 
-def test_two_process_ddp_fit(tmp_path, model_cache):
-    # Also exercises the optional importance-sampling correction of the engine/trainer mismatch.
-    proc = run_cli(
-        [
-            "fit",
-            f"output_dir={tmp_path}",
-            *FAST,
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "algorithm.mismatch_correction=token",
-            "trainer.devices=2",
-            "trainer.max_steps=2",
-            "validation.before_fit=false",
-        ],
-        model_cache,
-    )
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-4000:]
-    steps = train_rows(read_metrics(tmp_path))
-    assert sorted(steps) == [0, 1]
-    assert all(math.isfinite(r["train/entropy"]) for r in steps.values())
+# The same global batch on one process (8 prompts a step) and on two DDP ranks (4 each); rollouts are seeded per
+# prompt, so both sample the same responses and take the same steps, up to float summation order. The gate is open
+# from the start, so STARE's step-wide selection (a count over every rank's tokens) shapes the loss.
+DDP_STEPS = [*FAST, "trainer.precision=32-true", "validation.before_fit=false", "trainer.val_check_interval=100",
+             "trainer.max_steps=2", "algorithm.stare.target_entropy=10.0"]  # fmt: skip
+# Token-level truncated importance sampling of the engine/trainer mismatch, its cap below every ratio the HF
+# engine can show (its log-probs are the trainer's up to kernel noise), so that each token's weight is the cap.
+MISMATCH_CAP = 0.5
+CORRECTED = ["algorithm.mismatch_correction=token", f"algorithm.mismatch_cap={MISMATCH_CAP}"]
+SAME_ON_EVERY_LAYOUT = ["loss", "pg_loss", "entropy", "reward/mean", "grad_norm", "response_length/mean",
+                        "stare/selected_frac/pos", "stare/selected_frac/neg"]  # fmt: skip
+
+
+def test_two_process_ddp_fit_matches_one_process_and_weights_tokens_by_the_capped_ratio(tmp_path, model_cache):
+    runs = {
+        "plain": ["trainer=cpu"],
+        "corrected": ["trainer=cpu", *CORRECTED],
+        "ddp": ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.prompts_per_step=4", *CORRECTED],
+    }
+    for name, overrides in runs.items():
+        proc = run_cli(["fit", f"output_dir={tmp_path / name}", *DDP_STEPS, *overrides], model_cache, cwd=tmp_path)
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{name}: {out[-4000:]}"
+    plain, corrected, ddp = (train_rows(read_metrics(tmp_path / name)) for name in runs)
+    assert sorted(plain) == sorted(corrected) == sorted(ddp) == [0, 1]
+
+    # Two ranks against one process on the same global batch, the correction on in both.
+    for step, want in corrected.items():
+        for name in SAME_ON_EVERY_LAYOUT:
+            got = ddp[step][f"train/{name}"]
+            assert got == pytest.approx(want[f"train/{name}"], abs=1e-5, rel=1e-5), f"step {step}: train/{name}"
+    assert any(corrected[step]["train/stare/selected_frac/pos"] > 0 for step in corrected)
+
+    # The token weight, computed here from what mismatch correction=token means: min(pi_train / pi_rollout, cap),
+    # where |log pi_train - log pi_rollout| is at most the canary's logged maximum on every token.
+    for rows in (corrected, ddp):
+        for row in rows.values():
+            gap = row["train/rollout/logprob_abs_diff/max"]
+            assert gap < 1e-3
+            lowest, highest = min(math.exp(-gap), MISMATCH_CAP), min(math.exp(gap), MISMATCH_CAP)
+            assert lowest == highest == MISMATCH_CAP
+    # Step 0 starts from the same weights and samples the same responses with and without the correction; every
+    # token's loss is then scaled by that weight (no other term in this loss), and so is the gradient.
+    weight, before, after = MISMATCH_CAP, plain[0], corrected[0]
+    for name in ("entropy", "reward/mean", "response_length/mean", "stare/selected_frac/pos"):
+        assert after[f"train/{name}"] == pytest.approx(before[f"train/{name}"], abs=1e-6), f"train/{name}"
+    for name in ("loss", "pg_loss", "grad_norm"):
+        assert before[f"train/{name}"] != 0.0
+        want = weight * before[f"train/{name}"]
+        assert after[f"train/{name}"] == pytest.approx(want, rel=1e-5, abs=1e-7), f"train/{name}"
 
 
 def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_cache):
@@ -224,7 +257,7 @@ def test_packed_fit_with_shared_prompts_matches_the_padded_fit(tmp_path, model_c
         "packed": ["forward.packed_sequences=true", "forward.share_prompts=true", "forward.fused_lm_head=true"],
     }
     for name, overrides in layouts.items():
-        proc = run_cli(["fit", f"output_dir={tmp_path / name}", *common, *overrides], model_cache)
+        proc = run_cli(["fit", f"output_dir={tmp_path / name}", *common, *overrides], model_cache, cwd=tmp_path)
         out, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, out[-4000:]
     padded, packed = (train_rows(read_metrics(tmp_path / name)) for name in layouts)
@@ -270,6 +303,7 @@ def test_malformed_data_fails_before_any_model_is_prepared(tmp_path):
     proc = run_cli(
         ["fit", f"output_dir={tmp_path / 'run'}", "data=files", f"data.train_files=[{bad}]", "data.val_size=0"],
         str(cache),
+        cwd=tmp_path,
     )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0
@@ -286,6 +320,7 @@ def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache)
     proc = run_cli(
         ["fit", "-m", f"hydra.sweep.dir={sweep}", *FAST, "algorithm=grpo_ds,stare_o1", "trainer.max_steps=3"],
         model_cache,
+        cwd=tmp_path,
     )  # one Hydra multirun: a job directory per algorithm
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
@@ -317,13 +352,14 @@ SMOLLM2 = [
 ]
 
 
+# The largest mean |log-prob difference| between the engine and the trainer a synced fp32 engine may show (the
+# stale control below shows what an engine that missed its syncs shows).
+CANARY_BOUND = 1e-3
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("overrides", [pytest.param(FAST, id="tiny"), pytest.param(SMOLLM2, id="smollm2")])
 def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
-    from stare_lightning.rollout.factory import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not usable here")
     proc = run_cli(
         [
             "fit",
@@ -334,13 +370,53 @@ def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
             "validation.before_fit=false",
         ],
         model_cache,
+        cwd=tmp_path,
     )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     steps = train_rows(read_metrics(tmp_path))
     assert sorted(steps) == [0, 1]
     # The engine received the trainer's weights: its log-probs match the trainer's forward (fp32).
-    assert all(r["train/rollout/logprob_abs_diff/mean"] < 1e-3 for r in steps.values())
+    assert all(r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in steps.values())
+
+
+# The command line with vLLM's engine as the trainer builds it, but for its weight syncs: it takes the weights it
+# starts with, then skips every later sync, so from the second step on it samples from the first step's policy.
+STALE_ENGINE = """
+import sys
+
+from stare_lightning.__main__ import main
+from stare_lightning.rollout import vllm as vllm_rollout
+
+
+class StaleEngine(vllm_rollout.VLLMRolloutEngine):
+    syncs = 0
+
+    def sync_weights(self, model):
+        StaleEngine.syncs += 1
+        if StaleEngine.syncs == 1:
+            return super().sync_weights(model)
+        print(f"stale engine: weight sync {StaleEngine.syncs} skipped", flush=True)
+
+
+vllm_rollout.VLLMRolloutEngine = StaleEngine
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_that_misses_its_weight_syncs_trips_the_canary(tmp_path, model_cache):
+    """The control of the bound above: the same fit with an engine left stale exceeds it from the first update
+    on, and with patience 2 the run stops at the second stale step with the canary's error."""
+    args = [*FAST, "rollout=vllm", "trainer.max_steps=3", "validation.before_fit=false",
+            f"rollout.canary_threshold={CANARY_BOUND}", "rollout.canary_patience=2"]  # fmt: skip
+    proc = run_cli(["fit", f"output_dir={tmp_path}", *args], model_cache, cwd=tmp_path, entry=("-c", STALE_ENGINE))
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode != 0, out[-4000:]
+    assert "stale engine: weight sync 2 skipped" in out and "weight sync 4 skipped" not in out, out[-4000:]
+    found = re.search(r"Rollout engine and trainer disagree: mean \|logprob difference\| (\S+) ", out)
+    assert found, out[-4000:]
+    assert float(found.group(1)) > 10 * CANARY_BOUND, found.group(0)
 
 
 @pytest.mark.parametrize("algorithm", ["gspo", "cispo", "stare_gspo", "stare_cispo"])

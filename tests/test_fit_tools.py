@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from stare_lightning.rollout.factory import vllm_available
 from tests.test_episodes import TOOL_RUN
 from tests.test_fit import read_metrics, run_cli, train_rows
 
@@ -39,17 +38,15 @@ TOOL_METRICS = [
 ]
 
 
-def _fit(args, model_cache):
-    proc = run_cli(["fit", *args], model_cache)
+def _fit(args, model_cache, cwd):
+    proc = run_cli(["fit", *args], model_cache, cwd=cwd)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
 
 
 @pytest.mark.vllm
 def test_tool_countdown_fit_with_vllm_logs_tool_telemetry_and_dumps_episodes(tmp_path, model_cache):
-    if not vllm_available():
-        pytest.skip("vLLM is not usable here")
-    _fit([f"output_dir={tmp_path}", *SHORT, "rollout=vllm"], model_cache)
+    _fit([f"output_dir={tmp_path}", *SHORT, "rollout=vllm"], model_cache, tmp_path)
     rows = read_metrics(tmp_path)
     steps = train_rows(rows)
     assert sorted(steps) == [0, 1, 2]
@@ -68,19 +65,14 @@ def test_tool_countdown_fit_with_vllm_logs_tool_telemetry_and_dumps_episodes(tmp
     assert "<interpreter>" in episode["segments"][1][1]
 
 
+@pytest.mark.needs("sandbox")
 def test_tool_countdown_fit_with_the_sandboxed_interpreter(tmp_path, model_cache):
     """Calls run in the bubblewrap sandbox (the cold start's traces call print(EXPR)); each step waits for the
     interpreter's processes and goes on."""
-    from stare_lightning.tools import build_tool
-
-    try:
-        build_tool("python").close()
-    except RuntimeError as err:
-        pytest.skip(f"the sandbox is not usable here: {err}")
     args = [f"output_dir={tmp_path}", *SHORT, "rollout=hf", "trainer.max_steps=2", "validation.before_fit=false"]
     # The interpreter's traces are a warm-up of their own; 100 steps give a policy that calls the tool about
     # once an episode, which is all this test needs (it checks the calls, not the answers).
-    _fit([*args, "tools=python", "tools.timeout_seconds=5", "model.cold_start.steps=100"], model_cache)
+    _fit([*args, "tools=python", "tools.timeout_seconds=5", "model.cold_start.steps=100"], model_cache, tmp_path)
     steps = train_rows(read_metrics(tmp_path))
     assert sorted(steps) == [0, 1]
     assert all(r["train/tool/calls_per_episode"] > 0 and r["train/time/tool"] > 0 for r in steps.values())
@@ -91,9 +83,9 @@ def test_tool_episodes_on_two_ranks_match_one_rank(tmp_path, model_cache):
     common = [*SHORT, "rollout=hf", "validation.before_fit=false", "trainer.val_check_interval=100",
               "algorithm.stare.target_entropy=10.0", "trainer.precision=32-true"]  # fmt: skip
     one, two = tmp_path / "one", tmp_path / "two"
-    _fit([f"output_dir={one}", *common, "trainer=cpu"], model_cache)
+    _fit([f"output_dir={one}", *common, "trainer=cpu"], model_cache, tmp_path)
     _fit([f"output_dir={two}", *common, "trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
-          "data.prompts_per_step=2"], model_cache)  # fmt: skip
+          "data.prompts_per_step=2"], model_cache, tmp_path)  # fmt: skip
     expected, got = train_rows(read_metrics(one)), train_rows(read_metrics(two))
     assert sorted(got) == sorted(expected) == [0, 1, 2]
     for step in expected:

@@ -68,13 +68,13 @@ exit $status
 """
 
 
-def _fit(args, model_cache):
-    proc = run_cli(["fit", *args], model_cache)
+def _fit(args, model_cache, cwd):
+    proc = run_cli(["fit", *args], model_cache, cwd=cwd)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
 
 
-def _export(run, export_dir, model_cache):
+def _export(run, export_dir, model_cache, cwd):
     proc = run_cli(
         [
             "export",
@@ -84,6 +84,7 @@ def _export(run, export_dir, model_cache):
             *FAST,
         ],
         model_cache,
+        cwd=cwd,
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-4000:]
@@ -108,21 +109,21 @@ def _assert_same_steps(expected_run, got_run, num_steps=3):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, model_cache):
     run = tmp_path_factory.mktemp("fsdp") / "one_process"
-    _fit([f"output_dir={run}", *ONE_PROCESS], model_cache)
+    _fit([f"output_dir={run}", *ONE_PROCESS], model_cache, run.parent)
     return run
 
 
 def test_two_process_fsdp_fit_matches_one_process_and_resumes(reference, tmp_path, model_cache):
     sharded = tmp_path / "fsdp"
     launch = ["trainer=fsdp", "trainer.devices=2"]
-    _fit([f"output_dir={sharded}", *SHARDED, *launch, "trainer.max_steps=2"], model_cache)
+    _fit([f"output_dir={sharded}", *SHARDED, *launch, "trainer.max_steps=2"], model_cache, tmp_path)
     checkpoint = sharded / "checkpoints" / "last.ckpt"
     assert checkpoint.is_dir(), "ModelParallelStrategy should write a distributed checkpoint directory"
-    _fit([f"output_dir={sharded}", *SHARDED, *launch, f"ckpt_path={checkpoint}"], model_cache)
+    _fit([f"output_dir={sharded}", *SHARDED, *launch, f"ckpt_path={checkpoint}"], model_cache, tmp_path)
     _assert_same_steps(reference, sharded)  # step 2 comes from the resumed run
 
-    want = _export(reference, tmp_path / "hf_one_process", model_cache)
-    have = _export(sharded, tmp_path / "hf_fsdp", model_cache)
+    want = _export(reference, tmp_path / "hf_one_process", model_cache, tmp_path)
+    have = _export(sharded, tmp_path / "hf_fsdp", model_cache, tmp_path)
     assert want.keys() == have.keys()
     # Two ranks sum the gradients in another order than one process (about 1e-7 relative); Adam divides each
     # element by its own second moment, which lifts that to about 1e-5 on an odd element after three steps.
@@ -143,8 +144,8 @@ def test_two_process_ppo_mini_batches_match_one_process(tmp_path, model_cache):
     # max_steps counts optimizer steps: 2 rollout batches x 2 epochs x 2 mini-batches.
     ppo = ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2", "trainer.max_steps=8"]
     one, two = tmp_path / "one_process", tmp_path / "fsdp"
-    _fit([f"output_dir={one}", *ONE_PROCESS, *ppo], model_cache)
-    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *ppo], model_cache)
+    _fit([f"output_dir={one}", *ONE_PROCESS, *ppo], model_cache, tmp_path)
+    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *ppo], model_cache, tmp_path)
     _assert_same_steps(one, two, num_steps=2)
 
 
@@ -155,7 +156,7 @@ def test_two_process_packed_fused_fsdp_fit_matches_the_padded_one_process_fit(re
     layout = ["forward.packed_sequences=true", "forward.share_prompts=true", "forward.fused_lm_head=true",
               "telemetry.same_batch_entropy=false"]  # fmt: skip
     sharded = tmp_path / "fsdp_packed_fused"
-    _fit([f"output_dir={sharded}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *layout], model_cache)
+    _fit([f"output_dir={sharded}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *layout], model_cache, tmp_path)
     _assert_same_steps(reference, sharded)
 
 
@@ -199,7 +200,7 @@ def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, mode
         procs = [
             subprocess.Popen(
                 [*node, f"--node-rank={rank}", *args],
-                cwd=REPO,
+                cwd=tmp_path,
                 env=env,
                 text=True,
                 stdout=subprocess.PIPE,
@@ -225,8 +226,8 @@ def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, mode
         )
         procs = [
             subprocess.Popen(
-                ["bash", "scripts/slurm_fit.sh", *SHARDED],
-                cwd=REPO,
+                ["bash", str(REPO / "scripts" / "slurm_fit.sh"), *SHARDED],
+                cwd=tmp_path,
                 env=env,
                 text=True,
                 stdout=subprocess.PIPE,
@@ -241,13 +242,9 @@ def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, mode
 @pytest.mark.vllm
 def test_two_process_fsdp_with_vllm_rollouts_matches_one_process(tmp_path, model_cache):
     """The default backend: each rank's colocated vLLM engine samples its prompts as one engine would all."""
-    from stare_lightning.rollout.factory import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not usable here")
     one, two = tmp_path / "one_process", tmp_path / "fsdp"
-    _fit([f"output_dir={one}", *ONE_PROCESS, "rollout=vllm"], model_cache)
-    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", "rollout=vllm"], model_cache)
+    _fit([f"output_dir={one}", *ONE_PROCESS, "rollout=vllm"], model_cache, tmp_path)
+    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", "rollout=vllm"], model_cache, tmp_path)
     _assert_same_steps(one, two)
 
 

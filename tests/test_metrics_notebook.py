@@ -175,7 +175,7 @@ def test_committed_notebook_is_executed_with_its_figures(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COMMITTED))
-def test_notebook_runs_on_its_committed_summaries(tmp_path, name):
+def test_notebook_runs_on_its_committed_summaries(tmp_path, name, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
@@ -186,15 +186,12 @@ def test_notebook_runs_on_its_committed_summaries(tmp_path, name):
     assert set(expected_runs) <= set(committed)
     assert all(df["train/entropy"].notna().all() for df in committed.values())
     nb = nbformat.read(NOTEBOOK.parent / name, as_version=4)
-    for variable in ("STARE_RUN_DIRS", "STARE_STUDY_DIR"):
-        os.environ.pop(variable, None)
-    os.environ["STARE_FIGURE_DIR"] = str(tmp_path)
-    try:
-        NotebookClient(
-            nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
-        ).execute()
-    finally:
-        os.environ.pop("STARE_FIGURE_DIR", None)
+    for variable in ("STARE_RUN_DIRS", "STARE_STUDY_DIR"):  # the kernel inherits them; restored afterwards
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("STARE_FIGURE_DIR", str(tmp_path))
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert len(shown_images(nb)) == figures

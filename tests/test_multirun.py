@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
+from tests.test_fit import FAST, read_metrics, run_cli, train_rows
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def test_a_sweep_frees_each_job_and_refuses_to_append_to_a_finished_one(tmp_path
     args = ["fit", "-m", f"hydra.sweep.dir={sweep}", "seed=1,2,3", *FAST, "trainer.max_steps=2", "summary=false"]
     env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache}
     driver = [sys.executable, "-c", DRIVER, *args]
-    proc = subprocess.run(driver, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(driver, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     counts = [line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("live modules")]
     assert counts == ["0", "0", "0"], f"modules of earlier jobs still alive: {counts}"
@@ -47,7 +47,7 @@ def test_a_sweep_frees_each_job_and_refuses_to_append_to_a_finished_one(tmp_path
     memory = [train_rows(read_metrics(job))[1]["train/memory/current_gib"] for job in jobs]
     assert memory[2] <= 1.1 * memory[0], f"resident memory grew from job to job: {memory} GiB"
 
-    again = run_cli(args, model_cache)
+    again = run_cli(args, model_cache, cwd=tmp_path)
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 2, out[-3000:]
     assert "already holds a run" in out and "Traceback" not in out, out[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +18,12 @@ from tests.test_evaluation import _write_benchmarks
 from tests.test_fit import FAST
 
 REPO = Path(__file__).resolve().parents[1]
+# What a build must not see or write next to: the environment, caches, and a build's own leftovers (setuptools puts
+# build/ and the .egg-info beside the sources it builds, so it builds a copy of the checkout without them).
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "outputs",
+    "multirun", "runs", "lightning_logs",
+)  # fmt: skip
 
 
 def _setuptools_settings() -> dict:
@@ -46,7 +53,8 @@ def _run(command: list[str], cwd: Path, env: dict, timeout: int = 900) -> str:
 def test_a_built_wheel_runs_fit_and_evaluate_outside_the_checkout(tmp_path, model_cache):
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "STARE_LIGHTNING_CACHE": model_cache}
     env.pop("PYTHONPATH", None)
-    build = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)]
+    sources = shutil.copytree(REPO, tmp_path / "sources", ignore=NOT_SOURCES, symlinks=True)
+    build = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(sources)]
     _run([sys.executable, "-m", "pip", *build], tmp_path, env)
     wheel = next(tmp_path.glob("stare_lightning-*.whl"))
     # A fresh environment holding the wheel; its dependencies (torch, vLLM: gigabytes) are read from this one's

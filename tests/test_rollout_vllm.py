@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
+import logging
+import sys
 
 import pytest
 import torch
@@ -11,16 +12,7 @@ import torch
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.rollout.vllm import vllm_import_error
 from tests.distributed import run_on_ranks
-
-# Importing vllm.LLM takes seconds: collection only looks for the package, the tests check it imports.
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-
-
-def _require_usable_vllm() -> None:
-    reason = vllm_import_error()
-    if reason is not None:
-        pytest.skip(f"vLLM is installed but not usable here: {reason}")
-
+from tests.needs import require
 
 # One xdist worker runs this module: its tests share one engine (a module fixture, about 10 s to start).
 pytestmark = pytest.mark.xdist_group("vllm_engine")
@@ -42,7 +34,7 @@ def policy(tiny_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir):
-    _require_usable_vllm()
+    require("vllm")
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
     eng = VLLMRolloutEngine(tiny_dir, max_model_len=256, kv_cache_memory_bytes=64 << 20)
@@ -76,19 +68,36 @@ def _train_a_little(policy, tokenizer):
     policy.eval()
 
 
-def test_missing_vllm_error_says_how_to_install(tiny_dir):
-    if vllm_import_error() is None:
-        pytest.skip("vLLM imports here")
+def test_missing_vllm_error_says_how_to_install(tiny_dir, monkeypatch):
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as if it were not installed
+    assert "import of vllm halted" in vllm_import_error()
     with pytest.raises(ImportError) as err:
         VLLMRolloutEngine(tiny_dir)
     assert "make install" in str(err.value) and "rollout=hf" in str(err.value)
 
 
+def test_rollout_auto_without_vllm_falls_back_to_hf_and_says_so(monkeypatch, caplog):
+    """A missing vLLM (None in sys.modules: `import vllm` fails as if it were not installed) turns rollout=auto
+    into the HF engine, with a warning that names the reason; an explicit backend is taken as it is."""
+    from stare_lightning.rollout.factory import resolve_backend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with caplog.at_level(logging.WARNING, logger="stare_lightning.rollout.factory"):
+        assert resolve_backend("auto") == "hf"
+    (record,) = [r for r in caplog.records if r.name == "stare_lightning.rollout.factory"]
+    assert record.levelno == logging.WARNING
+    assert "rollout=auto: vLLM is not usable here (ModuleNotFoundError" in record.getMessage()
+    assert "HF engine" in record.getMessage() and "make install" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stare_lightning.rollout.factory"):
+        assert (resolve_backend("hf"), resolve_backend("vllm")) == ("hf", "vllm")
+    assert not caplog.records
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_generate_grouping_and_logprobs_match_trainer(engine, tokenizer, policy, temperature):
     assert isinstance(engine, RolloutEngine)
@@ -108,7 +117,6 @@ def test_generate_grouping_and_logprobs_match_trainer(engine, tokenizer, policy,
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_eos_is_kept_and_ends_the_response(engine, tokenizer):
     eos = tokenizer.eos_token_id
     out = engine.generate([tokenizer.encode("go")], SamplingParams(n=16, max_new_tokens=64, temperature=1.5, seed=7))
@@ -122,7 +130,6 @@ def test_eos_is_kept_and_ends_the_response(engine, tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_stop_strings_and_per_prompt_budgets(engine, tokenizer):
     """As the HF engine: a row ends with the token that completes its first stop string (text included), at
     EOS or at its own budget, and what it drew before the stop is the unstopped sample of the same seed."""
@@ -143,7 +150,6 @@ def test_stop_strings_and_per_prompt_budgets(engine, tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_same_seed_same_rollouts_and_training_rng_untouched(engine, tokenizer):
     prompts = [tokenizer.encode("ab"), tokenizer.encode("cd")]
     params = SamplingParams(n=3, max_new_tokens=12, seed=5)
@@ -161,7 +167,6 @@ def test_same_seed_same_rollouts_and_training_rng_untouched(engine, tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_a_prompts_samples_do_not_depend_on_its_batch(engine, tokenizer):
     """Per-prompt seeds: the same samples alone or among other prompts (what makes sharding invisible)."""
     params = SamplingParams(n=3, max_new_tokens=12, temperature=1.2)
@@ -176,7 +181,6 @@ def test_a_prompts_samples_do_not_depend_on_its_batch(engine, tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_sleep_and_wake_keep_weights(engine, tokenizer):
     params = SamplingParams(n=2, max_new_tokens=8, seed=1)
     a = engine.generate([tokenizer.encode("zz")], params)
@@ -189,7 +193,6 @@ def test_sleep_and_wake_keep_weights(engine, tokenizer):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_agrees_with_hf_in_distribution(engine, tokenizer, policy):
     from stare_lightning.rollout.hf import HFRolloutEngine
 
@@ -205,7 +208,6 @@ def test_agrees_with_hf_in_distribution(engine, tokenizer, policy):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_sync_weights_after_training(engine, tokenizer, policy):
     """After a few large optimizer steps the engine only matches the trainer once weights are synced."""
     original = copy.deepcopy(policy)
@@ -227,10 +229,8 @@ def test_sync_weights_after_training(engine, tokenizer, policy):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_bf16_engine_follows_an_fp32_trainer(tiny_dir, tokenizer, policy):
     """The GPU recipe's pairing: fp32 master weights synced into an engine that computes in bf16."""
-    _require_usable_vllm()
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
     _train_a_little(policy, tokenizer)
@@ -261,7 +261,6 @@ def _long_prompts(tokenizer, count: int) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_a_batch_over_one_prefill_step_keeps_its_seeded_samples(engine, tiny_dir, tokenizer, policy):
     """Reported crash: 8 prompts x 8 samples x ~80 tokens exceed one step's token budget (4096 on CPU), vLLM's
     chunked prefill splits a seeded prompt and rewinds its CPU generator ("CPU Generator does not use offset").
@@ -298,9 +297,7 @@ def test_a_batch_over_one_prefill_step_keeps_its_seeded_samples(engine, tiny_dir
 
 
 @pytest.mark.vllm
-@needs_vllm
 def test_engine_kwargs_are_checked_against_vllm_before_the_engine_starts(tiny_dir, tokenizer):
-    _require_usable_vllm()
     from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
     from stare_lightning.rollout.factory import build_engine
 
@@ -377,10 +374,8 @@ def _sharded_worker(rank: int, world: int, tiny_dir: str):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@needs_vllm
 def test_fsdp2_sync_on_two_ranks(tiny_dir, tmp_path):
     """Each rank of a 2-process FSDP2 trainer owns an engine; sync gathers DTensors and leaves the group intact."""
-    _require_usable_vllm()
     from transformers import AutoModelForCausalLM
 
     results = run_on_ranks(_sharded_worker, tmp_path, str(tiny_dir))

@@ -28,6 +28,7 @@ STUDY = [
 
 
 def _runner(out, data, model_cache):
+    """The study runner started in the directory that holds its output (its fits' Hydra folders land there)."""
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -39,7 +40,7 @@ def _runner(out, data, model_cache):
     }
     return subprocess.Popen(
         ["bash", str(SCRIPT), str(out)],
-        cwd=REPO,
+        cwd=out.parent,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -94,7 +95,7 @@ def test_a_killed_study_resumes_its_job_and_skips_the_finished_ones(tmp_path, mo
 def test_an_unknown_arm_is_refused_before_any_job(tmp_path):
     env = {**os.environ, "ARM_NAMES": "grpo_ds stare_o2", "PYTHON": sys.executable}
     done = subprocess.run(
-        ["bash", str(SCRIPT), str(tmp_path / "other")], cwd=REPO, env=env, capture_output=True, text=True
+        ["bash", str(SCRIPT), str(tmp_path / "other")], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 2
     assert "ARM_NAMES: unknown arm 'stare_o2'" in done.stderr and "stare_o1_adaptive" in done.stderr

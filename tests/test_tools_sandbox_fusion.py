@@ -10,10 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from stare_lightning.tools import build_tool
-from stare_lightning.tools.bubblewrap import bubblewrap_path
 from stare_lightning.tools.python_sandbox import PythonSandbox
 
-pytestmark = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+pytestmark = pytest.mark.needs("bwrap")
 
 
 def _stand_in(received: list[dict]):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
 
 from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
+
+logger = logging.getLogger(__name__)
 
 
 def vllm_available() -> bool:
@@ -16,10 +19,20 @@ def vllm_available() -> bool:
 
 
 def resolve_backend(backend: str) -> str:
-    """``auto`` means vLLM wherever it is installed, HF generate otherwise."""
-    if backend == "auto":
-        return "vllm" if vllm_available() else "hf"
-    return backend
+    """``auto`` means vLLM wherever it is installed, HF generate otherwise (said in a warning: far slower)."""
+    if backend != "auto":
+        return backend
+    from stare_lightning.rollout.vllm import vllm_import_error
+
+    reason = vllm_import_error()
+    if reason is None:
+        return "vllm"
+    logger.warning(
+        "rollout=auto: vLLM is not usable here (%s), so rollouts use the HF engine (much slower); `make install` "
+        "installs vLLM, rollout=hf chooses HF without this warning",
+        reason,
+    )
+    return "hf"
 
 
 def build_engine(
