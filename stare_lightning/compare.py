@@ -23,10 +23,6 @@ import yaml
 
 __all__ = ["Run", "arm_label", "compare", "find_runs", "run_outcomes", "seed_statistics"]
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 30.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
-         2.042)  # fmt: skip
 DEFAULT_BASELINE = "grpo_ds"
 
 
@@ -37,11 +33,51 @@ class Run:
     logs: Path  # the folder holding metrics.csv and hparams.yaml
 
 
+def _regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, by its continued fraction (modified Lentz)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below the mean: use the symmetry
+        return 1.0 - _regularized_beta(1.0 - x, b, a)
+    log_front = (
+        a * math.log(x) + b * math.log1p(-x) - math.log(a) - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
+    )
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * fraction
+
+
+def _t_two_sided_mass(q: float, dof: int) -> float:
+    """P(|T| <= q) for Student's t with ``dof`` degrees of freedom."""
+    return 1.0 - _regularized_beta(dof / (dof + q * q), dof / 2, 0.5)
+
+
 def t_quantile_975(dof: int) -> float:
-    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (>= 1)."""
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (>= 1), computed (bisection on the CDF)."""
     if dof < 1:
         raise ValueError(f"dof={dof} is out of range: a t interval needs at least 2 values (dof >= 1)")
-    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+    low, high = 0.0, 1.0
+    while _t_two_sided_mass(high, dof) < 0.95:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_two_sided_mass(mid, dof) < 0.95 else (low, mid)
+        if high - low < 1e-12:
+            break
+    return (low + high) / 2
 
 
 def arm_label(logged: dict | None, fallback: str) -> str:

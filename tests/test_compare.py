@@ -35,9 +35,16 @@ def _t_cdf_mass(q: float, dof: int, pieces: int = 20_000) -> float:
     return 2 * total * h / 3
 
 
-@pytest.mark.parametrize("dof", [1, 2, 3, 5, 10, 29, 30])
+@pytest.mark.parametrize("dof", [1, 2, 3, 5, 10, 29, 30, 31, 45, 200])
 def test_t_quantile_leaves_five_percent_outside(dof):
     assert _t_cdf_mass(t_quantile_975(dof), dof) == pytest.approx(0.95, abs=2e-4)
+
+
+@pytest.mark.parametrize(  # published two-sided 95% critical values (three decimals)
+    "dof, table", [(1, 12.706), (4, 2.776), (31, 2.040), (40, 2.021), (60, 2.000), (120, 1.980), (10**6, 1.960)]
+)
+def test_t_quantile_matches_the_printed_tables_past_thirty(dof, table):
+    assert round(t_quantile_975(dof), 3) == table
 
 
 def test_t_quantile_refuses_a_single_value():
