@@ -72,5 +72,14 @@ compare: install
 	$(WITH_ALLOCATOR) $(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 seed=$(SEEDS) summary=false hydra.sweep.dir=multirun/compare
 	$(PY) -m stare_lightning.compare multirun/compare --table multirun/compare/seed_statistics.csv
 
+# The documentation site (MkDocs Material) from docs/ into site/, which git ignores. Strict: a broken link, anchor or
+# nav entry fails the build; the Reference pages are generated from the code (docs/_hooks/reference.py).
+.PHONY: docs docs-serve
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) outputs multirun
+	rm -rf $(VENV) outputs multirun site

@@ -18,6 +18,7 @@ import torch
 
 from stare_lightning.cli import compose, prepare_config
 from stare_lightning.metrics import QUADRANTS as QUADRANT_NAMES
+from stare_lightning.metrics.glossary import undocumented
 from stare_lightning.metrics.step_timer import PHASES
 
 pytestmark = pytest.mark.slow
@@ -119,6 +120,8 @@ def test_few_step_fit_changes_every_parameter_and_logs_every_metric(tmp_path, mo
     logged = set().union(*rows)
     missing = [name for name in DESIGN_NAMES if f"train/{name}" not in logged]
     assert not missing, f"metric names missing from the CSV log: {missing}"
+    # Every name a real fit logs is defined in the metrics reference (stare_lightning/metrics/glossary.py).
+    assert not undocumented(logged), f"logged metric names without a glossary entry: {undocumented(logged)}"
     for name in ("avg@n", "pass@1", "distinct_correct", "reflection/per_response"):
         assert f"val/{name}" in logged
     steps = train_rows(rows)

@@ -4,15 +4,37 @@ Each helper raises ``ValueError`` naming the full config key, the value given an
 ``algorithm.stare.top_ratio=1.5 is out of range: must be a number in [0.0, 1.0]``. A value of the wrong
 kind (a string, a bool where a number belongs, NaN) "is not allowed"; a number of the right kind outside
 its bounds "is out of range". Checks of the values of several keys together stay with their schema.
+Inside ``recorded_rules()`` every helper also notes, by key, what it allows: the configuration reference is
+generated from these notes, so the documented values are the checked ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["choice", "flag", "number", "text"]
+__all__ = ["choice", "flag", "number", "recorded_rules", "text"]
+
+_recorders: list[dict[str, str]] = []
+
+
+@contextlib.contextmanager
+def recorded_rules() -> Iterator[dict[str, str]]:
+    """While inside, each check notes ``key -> what is allowed`` (the first note of a key wins) in the dict it
+    yields, whether or not the value passes."""
+    rules: dict[str, str] = {}
+    _recorders.append(rules)
+    try:
+        yield rules
+    finally:
+        _recorders.remove(rules)
+
+
+def _note(key: str, rule: str) -> None:
+    for rules in _recorders:
+        rules.setdefault(key, rule)
 
 
 def _show(value: Any) -> str:
@@ -27,18 +49,21 @@ def _show(value: Any) -> str:
 def choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
     """``value`` must be one of ``allowed`` (include ``None`` to allow ``null``)."""
     allowed = tuple(allowed)
+    _note(key, f"one of [{', '.join(_show(a) for a in allowed)}]")
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not allowed: choose one of [{', '.join(_show(a) for a in allowed)}]")
 
 
 def flag(key: str, value: Any) -> None:
     """``value`` must be a bool (``1`` or ``"yes"`` are refused: YAML spells it true or false)."""
+    _note(key, "true or false")
     if not isinstance(value, bool):
         raise ValueError(f"{key}={value!r} is not allowed: must be true or false")
 
 
 def text(key: str, value: Any) -> None:
     """``value`` must be a non-empty string."""
+    _note(key, "a non-empty string")
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key}={value!r} is not allowed: must be a non-empty string")
 
@@ -70,6 +95,7 @@ def number(
     Bounds are closed unless ``low_open`` / ``high_open``. Bools are refused although Python counts them as ints.
     """
     allowed = _bounds(low, high, low_open, high_open, integer, allow_inf)
+    _note(key, allowed.removeprefix("must be "))
     wrong_kind = (
         isinstance(value, bool)
         or not isinstance(value, (int, float))

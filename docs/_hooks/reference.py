@@ -1,0 +1,308 @@
+"""MkDocs hook: the Reference pages, generated from the code at every build so they cannot drift from it.
+
+- ``reference/configuration.md``: every key of the run's schema (``stare_lightning.config.reference``) and every
+  option of every config group (the files of ``conf/``);
+- ``reference/metrics.md``: the metric glossary (``stare_lightning.metrics.glossary``);
+- ``reference/cli.md``: the subcommands (``stare_lightning.cli.SUBCOMMANDS``) and ``prepare``'s arguments;
+- ``reference/api.md``: the public names of ``stare_lightning.algorithms`` (its ``__all__``), grouped by the module
+  that defines them, for mkdocstrings to render.
+
+The pages exist only in the build (``File.generated``), so ``mkdocs build --strict`` checks their links and
+anchors like those of the written pages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+PAGES = {
+    "reference/configuration.md": "configuration_page",
+    "reference/metrics.md": "metrics_page",
+    "reference/cli.md": "cli_page",
+    "reference/api.md": "api_page",
+}
+GENERATED_NOTE = "*Generated from the code when the site is built ({source}); edit the source, not this page.*"
+
+
+SUMMARY_MARK = "<!-- summary-example -->"
+SUMMARY_RUN = "notebooks/data/default_runs/stare_o1/metrics.csv"
+
+
+def on_files(files, config):
+    for path, builder in PAGES.items():
+        files.append(File.generated(config, path, content=globals()[builder]()))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    """``<!-- summary-example -->`` becomes the end-of-fit table, rendered by ``RunSummary`` from a committed log."""
+    if SUMMARY_MARK in markdown:
+        markdown = markdown.replace(SUMMARY_MARK, f"```text\n{summary_example()}\n```")
+    return markdown
+
+
+def summary_example() -> str:
+    """The summary table of a committed run, as the terminal shows it at 80 columns."""
+    import csv
+    import io
+
+    from rich.console import Console
+
+    from stare_lightning.callbacks import RunSummary
+
+    summary = RunSummary(name="stare_o1")
+    with open(Path(__file__).resolve().parents[2] / SUMMARY_RUN) as handle:
+        for row in csv.DictReader(handle):
+            values = {key: float(value) for key, value in row.items() if value != ""}
+            if any(key.startswith("val/") for key in values):
+                summary.validations.append({k: v for k, v in values.items() if k.startswith("val/")})
+            if any(key.startswith("train/") for key in values):
+                summary.train_history.append({k: v for k, v in values.items() if k.startswith("train/")})
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(summary.table(len(summary.train_history)))
+    return out.getvalue().rstrip()
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return f"`{text}`" if text else ""
+
+
+# ------------------------------------------------------------------------------------------ configuration
+
+
+def configuration_page() -> str:
+    from stare_lightning.cli import config_dir
+    from stare_lightning.config.reference import config_keys
+
+    keys = config_keys()
+    plain = [k for k in keys if not k.group]
+    lines = [
+        "# Configuration reference",
+        "",
+        GENERATED_NOTE.format(source="the schema dataclasses' field docstrings, their checks and `conf/`"),
+        "",
+        f"The run's {len(plain)} keys, group by group. Set any of them on the command line "
+        "(`python -m stare_lightning fit optim.lr=1e-5`), in an experiment file or in your own config group. "
+        "**default** is the schema's; where the default run (`make run`, `python -m stare_lightning fit`) "
+        "composes another value, it follows as *make run: ...*. **allowed** is what the schema's checks accept: "
+        "a value outside it fails before anything loads, naming the key. Some keys are also checked together "
+        "(a setting that would do nothing is refused, with the reason).",
+        "",
+        "[Config groups and their options](#config-groups-and-their-options) lists the files each group can be "
+        "switched to (`algorithm=grpo_ds`, `trainer=fsdp`, ...).",
+        "",
+    ]
+    sections: dict[str, tuple[str, list]] = {"": ("", [])}  # group key -> (its docstring, its plain keys)
+    for key in keys:
+        if key.group or key.type == "any":
+            sections[key.key] = (key.doc, [] if key.group else None)
+            continue
+        parent = key.key.rsplit(".", 1)[0] if "." in key.key else ""
+        sections[parent.removesuffix("[]")][1].append(key)
+    for name, (doc, members) in sections.items():
+        level = "##" if "." not in name else "###"
+        lines += ["", f"{level} `{name}`" if name else "## Top-level keys", ""]
+        if doc:
+            lines += [doc, ""]
+        if members is None:  # trainer, callbacks, logger: constructor arguments, listed with the group's options
+            lines.append(
+                "Its keys are the arguments of the class each `_target_` names, checked against the allow-list "
+                "before anything is built; each option's file is shown under "
+                "[config groups and their options](#config-groups-and-their-options)."
+            )
+            continue
+        if not members:
+            continue
+        lines += ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for key in members:
+            default = _code(key.default)
+            if key.in_default_run is not None and key.in_default_run != key.default:
+                default += f" *(make run: {_code(key.in_default_run)})*"
+            lines.append(
+                f"| `{key.key}` | {_cell(key.type)} | {_cell(default)} | {_cell(key.allowed)} | {_cell(key.doc)} |"
+            )
+    lines += ["", *_group_options(Path(config_dir()))]
+    return "\n".join(lines) + "\n"
+
+
+def _leading_comment(path: Path) -> str:
+    """The comment block at the top of a config file, without Hydra's ``@package`` line."""
+    lines = []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            break
+        text = stripped.lstrip("#").strip()
+        if not text.startswith("@package"):
+            lines.append(text)
+    return " ".join(lines)
+
+
+def _group_options(conf: Path) -> list[str]:
+    lines = [
+        "## Config groups and their options",
+        "",
+        "Each group is a folder of `conf/` (shipped inside the package); `group=option` on the command line "
+        "picks a file. The default run's choices are the `defaults` list of `conf/config.yaml`.",
+        "",
+    ]
+    for group in sorted(p for p in conf.iterdir() if p.is_dir()):
+        lines += [f"### `{group.name}=...`", "", "| option | what it is |", "|---|---|"]
+        for option in sorted(group.glob("*.yaml")):
+            lines.append(f"| `{group.name}={option.stem}` | {_cell(_leading_comment(option)) or '—'} |")
+        lines.append("")
+        for option in sorted(group.glob("*.yaml")):
+            lines += [
+                f'??? note "conf/{group.name}/{option.name}"',
+                "",
+                "    ```yaml",
+                *[f"    {line}" for line in option.read_text().rstrip().splitlines()],
+                "    ```",
+                "",
+            ]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------- metrics
+
+
+def metrics_page() -> str:
+    from stare_lightning.metrics.glossary import PLACEHOLDERS, SECTIONS
+
+    lines = [
+        "# Metrics reference",
+        "",
+        GENERATED_NOTE.format(source="`stare_lightning/metrics/glossary.py`"),
+        "",
+        "Every column a run logs (`logs/metrics.csv`, TensorBoard) is defined here; the tests fail when a fit "
+        "logs a name without an entry. Training metrics start with `train/` and are logged every step, validation "
+        "metrics with `val/` and are logged at each validation. A name in angle brackets stands for one path "
+        "segment:",
+        "",
+        "| placeholder | stands for |",
+        "|---|---|",
+    ]
+    meaning = {
+        "split": "`train` or `val`",
+        "quadrant": "a quadrant of sign(A) x high/low: "
+        + ", ".join(f"`{q}`" for q in PLACEHOLDERS["quadrant"].split("|")),
+        "kind": "`proxy` (high = selected by STARE) or `exact` (high = Phi > 0)",
+        "phase": "a phase of the step: " + ", ".join(f"`{p}`" for p in PLACEHOLDERS["phase"].split("|")),
+        "n": "the samples per problem of the benchmark",
+        "k": "a k of `validation.pass_k`",
+        "benchmark": "a validation benchmark (a record's `metadata.data_source`, else its file's stem or the task)",
+        "word": "a reflection word or phrase, spaces as underscores (`let_me_check`)",
+    }
+    for name in PLACEHOLDERS:
+        lines.append(f"| `<{name}>` | {meaning[name]} |")
+    for title, entries in SECTIONS:
+        lines += ["", f"## {title}", "", "| name | definition |", "|---|---|"]
+        lines += [f"| `{name}` | {_cell(text)} |" for name, text in entries.items()]
+    lines += ["", "[The telemetry panels](../concepts/telemetry.md) show how these read together."]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+
+
+def cli_page() -> str:
+    from stare_lightning import cli
+    from stare_lightning.data.recipes.command import build_parser, describe_recipes
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps its help to the terminal: a fixed width for the page
+    lines = [
+        "# Command line",
+        "",
+        GENERATED_NOTE.format(source="`stare_lightning/cli.py`'s table of subcommands and `prepare`'s parser"),
+        "",
+        "`python -m stare_lightning` (or the installed `stare-lightning` script) takes a subcommand first:",
+        "",
+        "```text",
+        cli.usage(),
+        "```",
+        "",
+        "| subcommand | what it does | runs |",
+        "|---|---|---|",
+    ]
+    for name, (target, help_line) in cli.SUBCOMMANDS.items():
+        kind = "plain arguments" if name in cli.PLAIN_SUBCOMMANDS else "a Hydra config (`key=value` overrides)"
+        lines.append(f"| `{name}` | {_cell(help_line)} | `{target}`, {kind} |")
+    lines += [
+        "",
+        "The Hydra subcommands take the same overrides as `fit` (the [configuration reference](configuration.md)); "
+        "`-m` turns comma-separated values into a sweep. A mistake in the configuration prints one line naming the "
+        "key and exits with status 2.",
+        "",
+        "## `prepare`",
+        "",
+        "```text",
+        build_parser().format_help().rstrip(),
+        "```",
+        "",
+        "`prepare --list`:",
+        "",
+        "```text",
+        describe_recipes().rstrip(),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------- API
+
+
+def api_page() -> str:
+    import stare_lightning.algorithms as algorithms
+
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for name in algorithms.__all__:
+        by_module[getattr(algorithms, name).__module__].append(name)
+    lines = [
+        "# Python API: `stare_lightning.algorithms`",
+        "",
+        GENERATED_NOTE.format(source="the package's `__all__` and the docstrings"),
+        "",
+        "The loss's pure tensor functions, importable without Lightning: "
+        "`from stare_lightning.algorithms import stare_token_weights`. Each section is the module that defines "
+        "the names; the registries that make the loss pluggable follow.",
+    ]
+    for module in sorted(by_module):
+        members = sorted(by_module[module])
+        lines += [
+            "",
+            f"## `{module}`",
+            "",
+            f"::: {module}",
+            "    options:",
+            "      show_root_heading: false",
+            "      show_root_toc_entry: false",
+            f"      members: [{', '.join(members)}]",
+        ]
+    lines += ["", "## Registries", ""]
+    registries = {
+        "stare_lightning.algorithms.advantages": "ADVANTAGE_ESTIMATORS",
+        "stare_lightning.algorithms.policy_losses": "POLICY_LOSSES",
+        "stare_lightning.algorithms.entropy_control": "ENTROPY_CONTROLS",
+    }
+    lines += [
+        "A new advantage estimator, policy loss or entropy control is a function registered under a name "
+        '(`@REGISTRY.register("name")`) and a YAML file in `conf/algorithm/` that selects it:',
+        "",
+        "| registry | names |",
+        "|---|---|",
+    ]
+    import importlib
+
+    for module, name in registries.items():
+        registry = getattr(importlib.import_module(module), name)
+        lines.append(f"| `{module}.{name}` | {', '.join(f'`{n}`' for n in registry.names())} |")
+    return "\n".join(lines) + "\n"

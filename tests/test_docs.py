@@ -1,0 +1,132 @@
+"""The documentation: the site builds strictly, its generated Reference covers the code, the README's links hold.
+
+The configuration reference is generated from the schema dataclasses' attribute docstrings and from what their
+checks note (``config/reference.py``), the metrics reference from ``metrics/glossary.py``; these tests fail when a
+field has no description, a check names a key the schema lacks, or a logged metric has no glossary entry (the
+end-to-end fit in ``test_fit.py`` checks the names a real run logs).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stare_lightning.config.reference import config_keys
+from stare_lightning.metrics.glossary import ENTRIES, entry_for, undocumented
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return config_keys()
+
+
+def test_site_builds_strictly_with_every_reference_page(tmp_path, keys):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    configuration = (site / "reference" / "configuration" / "index.html").read_text()
+    for key in keys:
+        assert f"<code>{key.key}</code>" in configuration, key.key
+    metrics = (site / "reference" / "metrics" / "index.html").read_text()
+    for name in ENTRIES:
+        assert name.replace("<", "&lt;").replace(">", "&gt;") in metrics, name
+    assert "def " not in (site / "reference" / "cli" / "index.html").read_text()  # help text, not source
+    api = (site / "reference" / "api" / "index.html").read_text()
+    import stare_lightning.algorithms as algorithms
+
+    for name in algorithms.__all__:
+        assert re.search(rf'id="stare_lightning\.algorithms\.[a-z_]+\.{name}"', api), name
+    # The summary example is the real table of a committed run, at 80 columns.
+    started = (site / "getting-started" / "index.html").read_text()
+    assert "train/quadrant/exact/pos_high/tokens" in started and "summary-example" not in started
+
+
+def test_every_schema_field_has_a_description(keys):
+    missing = [k.key for k in keys if not k.doc]
+    assert not missing, (
+        f"{len(missing)} config keys have no description (an attribute docstring under the field): {missing}"
+    )
+    assert len([k for k in keys if not k.group]) > 140  # every group's keys were reached
+
+
+def test_allowed_values_are_the_schemas_own_checks(keys):
+    from stare_lightning.algorithms.stare import STARE_SCOPES
+    from stare_lightning.config.reference import checked_rules
+    from stare_lightning.tools.config import ISOLATIONS
+
+    by_key = {k.key: k for k in keys}
+    unknown = sorted(set(checked_rules()) - set(by_key))
+    assert not unknown, f"checks name keys the schema does not have: {unknown}"
+    assert by_key["algorithm.stare.scope"].allowed == "one of [" + ", ".join(repr(s) for s in STARE_SCOPES) + "]"
+    assert by_key["tools.isolation"].allowed == "one of [" + ", ".join(repr(s) for s in ISOLATIONS) + "]"
+    assert by_key["algorithm.dual_clip_c"].allowed == "a number > 1.0"  # checked only when set: probed
+    assert by_key["validation.pass_k"].allowed == "each: an integer >= 1"
+    assert by_key["data.val_sets[].top_p"].allowed == "a number in (0.0, 1.0]"
+    # The default run's value beside the schema's default.
+    assert (by_key["algorithm.stare.w"].default, by_key["algorithm.stare.w"].in_default_run) == ("1.1", "3.0")
+
+
+def test_the_committed_runs_log_only_documented_metrics():
+    names = set()
+    for metrics in sorted((REPO / "notebooks" / "data").rglob("metrics.csv")):
+        with open(metrics) as handle:
+            names |= set(next(csv.reader(handle)))
+    assert len(names) > 60
+    assert not undocumented(names), f"no entry in stare_lightning/metrics/glossary.py: {undocumented(names)}"
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [
+        ("train/reflection/let_me_check", "<split>/reflection/<word>"),
+        ("val/reflection/per_response", "<split>/reflection/per_response"),
+        ("val/aime24/avg@32", "val/<benchmark>/avg@<n>"),
+        ("val/pass@16", "val/pass@<k>"),
+        ("val/response_length/truncated_frac", "<split>/response_length/truncated_frac"),
+        ("train/quadrant/proxy/neg_low/weight", "train/quadrant/<kind>/<quadrant>/weight"),
+        ("train/time/verify", "train/time/<phase>"),
+        ("train/quadrant/exact/pos_middle/dH", None),  # not a quadrant
+        ("train/time/nap", None),  # not a phase
+        ("val/pass@k", None),
+        ("train/entropy/made_up", None),
+    ],
+)
+def test_glossary_patterns_match_what_they_name_and_nothing_else(name, entry):
+    assert entry_for(name) == entry
+
+
+def test_readme_is_short_and_its_links_and_figure_exist():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if not t.startswith(("http://", "https://"))]
+    assert "docs/assets/figures/entropy_grpo_vs_stare.png" in local
+    missing = [t for t in local if not (REPO / t).is_file()]
+    assert not missing, f"README links to files that do not exist: {missing}"
