@@ -1,11 +1,11 @@
 """The host memory allocator: where tcmalloc is, whether this process runs on it, and the hint when it does not.
 
-glibc's malloc serves every block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and unmaps it
-on free, so on a CPU each step's large tensors (``[tokens, vocab]`` logits, activations, the dense embedding
-gradient) page-fault again, step after step. tcmalloc keeps freed pages for reuse. On the 2-core CPU of the
-README, a ``[454, 49152]`` float32 multiply takes 60 ms under glibc and 20 ms under tcmalloc, and an RL step of
-SmolLM2 about 10% less time (TRL's too). An allocator cannot be swapped inside a running process: it is
-preloaded at start (``LD_PRELOAD``), which the Makefile does when the library is installed (``make install``
+glibc's malloc serves every block above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and unmaps it on
+free, so on a CPU each step's large tensors (``[tokens, vocab]`` logits, activations, the dense embedding gradient)
+page-fault again, step after step. tcmalloc keeps freed pages for reuse. On the 2-core CPU of
+docs/results/performance.md, a ``[454, 49152]`` float32 multiply takes 60 ms under glibc and 20 ms under tcmalloc,
+and an RL step of SmolLM2 about 10% less time (TRL's too). An allocator cannot be swapped inside a running process:
+it is preloaded at start (``LD_PRELOAD``), which the Makefile does when the library is installed (``make install``
 installs it with apt where it can). ``python -m stare_lightning.allocator`` prints the ``LD_PRELOAD=...``
 assignment, or nothing.
 """

@@ -1,5 +1,5 @@
 """What ships: the wheel's package lists equal the source tree, and a built wheel, installed without the checkout,
-runs ``fit`` and ``evaluate`` from any directory (the README's claim for users who install with pip)."""
+runs ``fit`` and ``evaluate`` from any directory (docs/getting-started.md's claim for users who install with pip)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from stare_lightning.config.checks import choice, flag, number, text
 __all__ = ["SURPRISAL_SOURCES", "AlgorithmConfig", "STAREConfig"]
 
 SURPRISAL_SOURCES = ("current", "old")
-# Where this project and the reference trainer part ways (README, "Semantics"): one switch per point, the
+# Where this project and the reference trainer part ways (docs/guides/semantics.md): one switch per point, the
 # project's choice first. The `*_official` algorithm recipes set the reference trainer's side of each.
 DYNAMIC_SAMPLING_METRICS = ("reward", "score")  # filter groups on the shaped reward, or the verifier's raw score
 BUDGET_EXHAUSTED = ("train", "stop")  # dynamic sampling out of generation batches: train on what was kept, or stop
@@ -259,7 +259,8 @@ class AlgorithmConfig:
         number(f"{p}mismatch_cap", self.mismatch_cap, low=0.0, low_open=True)
 
     def _check_semantics(self) -> None:
-        """The switches of README's "Semantics" table; each is refused where it would change nothing."""
+        """The switches of the semantics table (docs/guides/semantics.md); each is refused where it would change
+        nothing."""
         p = "algorithm."
         choice(f"{p}dynamic_sampling_metric", self.dynamic_sampling_metric, DYNAMIC_SAMPLING_METRICS)
         choice(f"{p}budget_exhausted", self.budget_exhausted, BUDGET_EXHAUSTED)
