@@ -1,12 +1,12 @@
 """What the verifier worker gives up before it scores anything: network, a writable file system, privileges, secrets.
 
-``confine`` runs first in the worker (``pool._worker_main``), before any verifier is imported:
+``confine`` runs first in the worker (``worker.main``), before any verifier is imported:
 
 1. As root: new mount, network and pid namespaces (the network namespace holds a downed loopback only, so nothing is
-   reachable, the host's loopback services and the cloud metadata address included). The pid namespace takes a fork:
-   the process the pool started stays outside as a supervisor that only waits, and its child, pid 1 of the new
-   namespace with a fresh ``/proc``, becomes the worker: it sees no other process, nor any command line. It dies with
-   its supervisor (a parent-death signal), and everything in the namespace dies with it, so killing the process the
+   reachable, the host's loopback services and the cloud metadata address included). The pid namespace takes a fork
+   (``pid_namespace.py``): the process the pool started stays outside as a supervisor that only waits, and its child,
+   pid 1 of the new namespace with a fresh ``/proc``, becomes the worker: it sees no other process, nor any command
+   line. It dies with its supervisor, and everything in the namespace dies with it, so killing the process the
    pool knows takes the whole namespace down. In the mount namespace every mount but ``/proc`` is read-only, the
    world-writable directories become empty tmpfs (``/var/tmp`` and ``/dev/shm`` read-only, ``/tmp`` a small private
    scratch that vanishes with the worker), and directories only their owner may enter that hold what the worker
@@ -31,14 +31,13 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import select
-import signal
 import stat
 import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from stare_lightning.rewards.pid_namespace import become_namespace_init, die_with_supervisor
 from stare_lightning.tools.seccomp import VERIFIER as VERIFIER_SECCOMP
 from stare_lightning.tools.seccomp import load as load_seccomp
 
@@ -50,7 +49,7 @@ SCRATCH_MB = 16  # the worker's private /tmp, which vanishes with it
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x40000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 _MS_NOEXEC = 8
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_PR_SET_NO_NEW_PRIVS = 38
 _UID_FLOOR = 200_000  # a verifier uid is drawn above this, away from real users
 
 
@@ -283,52 +282,6 @@ def _enter_namespaces_unprivileged(uid: int, gid: int) -> tuple[bool, bool, bool
     return True, True, pids
 
 
-def _supervise(child: int) -> None:
-    """The supervisor's whole life: wait for the worker, then exit with its status (never returns).
-
-    Asked to stop (SIGTERM, what the pool sends first), it kills the worker and reaps it before it exits, so no
-    zombie is left for the host's init to collect; killed outright (SIGKILL), it takes the worker down through the
-    worker's parent-death signal."""
-
-    def stop(_signum, _frame):
-        try:
-            os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass  # already reaped below
-        os._exit(128 + signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    _, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(code if code >= 0 else 128 - code)
-
-
-def _become_namespace_init() -> int:
-    """Fork into the new pid namespace. The child (pid 1 there) returns the read end of a pipe whose write end only the
-    supervisor holds (see ``_die_with_supervisor``); the parent keeps no descriptor but that one, so the worker's
-    socket closes when the worker does, and supervises (``_supervise``)."""
-    supervisor_alive, held_by_supervisor = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(held_by_supervisor)
-        return supervisor_alive
-    os.close(supervisor_alive)
-    os.closerange(3, held_by_supervisor)
-    os.closerange(held_by_supervisor + 1, os.sysconf("SC_OPEN_MAX"))
-    _supervise(child)
-    raise AssertionError("unreachable: the supervisor exits in _supervise")
-
-
-def _die_with_supervisor(supervisor_alive: int) -> None:
-    """SIGKILL this process when its supervisor dies. Set after the last change of credentials (which clears it),
-    then the pipe tells whether the supervisor died before it was set: its end closes with it."""
-    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-    if select.select([supervisor_alive], [], [], 0)[0]:
-        os._exit(1)
-    os.close(supervisor_alive)
-
-
 def _fresh_proc() -> bool:
     """Mount a ``/proc`` of this pid namespace over the host's; whether the kernel allowed it."""
     try:
@@ -366,7 +319,7 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     else:
         new_uid = None
         network, mounts, pids = _enter_namespaces_unprivileged(real_uid, real_gid)
-    supervisor_alive = _become_namespace_init() if pids else None
+    supervisor_alive = become_namespace_init() if pids else None
     pids = pids and mounts and _fresh_proc()
     # Import paths the worker's own uid could still not read (bound back, but closed to others themselves).
     unreadable = tuple(p for p in needed if new_uid is not None and not mounts and not _others_may_enter(p))
@@ -379,7 +332,7 @@ def confine(memory_limit_mb: int | None) -> Confinement:
     elif real_uid != 0 and mounts:
         _drop_capabilities_unprivileged(real_uid, real_gid)
     if supervisor_alive is not None:
-        _die_with_supervisor(supervisor_alive)
+        die_with_supervisor(supervisor_alive)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     if memory_limit_mb:
         _limit(resource.RLIMIT_AS, memory_limit_mb * 1024 * 1024)

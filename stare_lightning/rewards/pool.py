@@ -26,8 +26,9 @@ keep their scores. The cost over calling the verifiers in-process is one round t
 (``benchmarks/bench_verifier_pool.py`` prints it). There is no in-process fast path: at that price the guarantee
 is kept for every verifier.
 
-The worker imports only ``stare_lightning.rewards`` and the verifiers it is asked for, never the
-caller's main script (see ``_main_module_hidden``), so user verifiers must live in importable modules.
+The worker's side is ``worker.py``; one batch message, watched from here, is ``message_watch.py``. The worker
+imports only ``stare_lightning.rewards`` and the verifiers it is asked for, never the caller's main script (see
+``_main_module_hidden``), so user verifiers must live in importable modules.
 It is a daemon process: a user verifier may not start processes of its own. It ignores
 SIGINT (the trainer decides when it stops), exits when its socket closes, and is stopped by ``close()``,
 when the pool is garbage-collected, and at interpreter exit (SIGTERM to the process the pool started, which
@@ -41,7 +42,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import signal
 import socket
 import sys
 import threading
@@ -50,10 +50,10 @@ import types
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from stare_lightning.rewards import scoring_guard, worker_protocol
-from stare_lightning.rewards.confinement import Confinement, confine, worker_environment
+from stare_lightning.rewards import worker, worker_protocol
+from stare_lightning.rewards.confinement import Confinement, worker_environment
+from stare_lightning.rewards.message_watch import Compromised, Message, MessageWatch, SharedScores
 from stare_lightning.rewards.worker_protocol import MalformedMessage, TrainerEnd
 
 log = logging.getLogger(__name__)
@@ -77,78 +77,10 @@ class ScoreResult:
     errors: int = 0
     messages: list[str] = field(default_factory=list)  # the first few timeouts / errors, for logs
 
-
-def _as_score(value: Any) -> float:
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"verifier returned {type(value).__name__} {value!r}, not a number") from None
-    if not (math.isfinite(score) and 0.0 <= score <= 1.0):
-        raise ValueError(f"verifier returned {score!r}, outside [0, 1]")
-    return score
-
-
-_UNSCORED, _OK, _ERROR = 0, 1, 2  # status[i]; reset to _UNSCORED before each batch message
-
-
-def _worker_main(sock: socket.socket, progress, scores, status, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive a batch, resolve its verifiers, score it; errors are reported as they happen.
-
-    Progress goes through shared memory, not the socket: ``scores[i]`` and ``status[i]`` are written, then
-    ``progress`` is set to ``i + 1``, so the parent can time every item and keep the finished ones when
-    it has to kill the worker. ``progress`` is -1 while the batch's verifiers are being imported.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    confinement = confine(memory_limit_mb)  # with a pid namespace, returns in the namespace's pid 1 only
-    from stare_lightning.rewards.registry import get_verifier
-
-    scoring_guard.install()
-    functions: dict[str, Any] = {}
-    broken: dict[str, str] = {}
-    send = worker_protocol.send_message
-    send(sock, worker_protocol.hello(os.getpid(), confinement))
-    while True:
-        try:
-            batch = worker_protocol.receive_batch(sock)
-        except OSError:
-            return
-        if batch is None:
-            return
-        for name in dict.fromkeys(item[0] for item in batch):
-            if name in functions or name in broken:
-                continue
-            try:
-                fn = get_verifier(name)
-            except BaseException as exc:  # noqa: BLE001 - report anything, keep serving
-                broken[name] = f"cannot load verifier: {type(exc).__name__}: {exc}"
-                continue
-            warmup = getattr(fn, "warmup", None)
-            if callable(warmup):
-                try:
-                    warmup()
-                except BaseException:  # noqa: BLE001 - the calls themselves will report errors
-                    pass
-            functions[name] = fn
-        progress.value = 0
-        for i, (name, response, answer, metadata) in enumerate(batch):
-            if name in broken:
-                scores[i], status[i] = 0.0, _ERROR
-                send(sock, worker_protocol.error(i, broken[name]))
-            else:
-                try:
-                    prepare = getattr(functions[name], "prepare", None)
-                    if callable(prepare):
-                        prepare(response, answer, metadata)
-                    with scoring_guard.guarded() as refusals:
-                        score = _as_score(functions[name](response, answer, metadata))
-                    if refusals:  # a scorer swallowed the ScoringViolation: the item still scores 0
-                        raise scoring_guard.ScoringViolation(f"refused while scoring: {refusals[0]}")
-                    scores[i], status[i] = score, _OK
-                except BaseException as exc:  # noqa: BLE001 - a verifier may raise anything, even SystemExit
-                    scores[i], status[i] = 0.0, _ERROR
-                    send(sock, worker_protocol.error(i, f"{type(exc).__name__}: {exc}"))
-            progress.value = i + 1
-        send(sock, worker_protocol.done())
+    def note(self, text: str) -> None:
+        """Keep ``text`` among ``messages`` unless there are enough already."""
+        if len(self.messages) < _MAX_MESSAGES:
+            self.messages.append(text)
 
 
 @contextlib.contextmanager
@@ -192,25 +124,20 @@ class _Worker:
         self.proc = None
         self.end: TrainerEnd | None = None
 
-
-def _stop(worker: _Worker) -> None:
-    """Stop the worker: SIGTERM to the process the pool started (the pid namespace's supervisor kills and reaps
-    the worker, and the namespace dies with it), SIGKILL if it lingers."""
-    end, proc = worker.end, worker.proc
-    worker.end = worker.proc = None
-    if end is not None:
-        end.close()
-    if proc is not None:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=_STOP_GRACE_S)
-        if proc.is_alive():
-            proc.kill()
-        proc.join(timeout=10)
-
-
-class _Compromised(Exception):
-    """The worker broke the protocol (a malformed message, an impossible value in shared memory)."""
+    def stop(self) -> None:
+        """SIGTERM to the process the pool started (the pid namespace's supervisor kills and reaps the worker, and
+        the namespace dies with it), SIGKILL if it lingers."""
+        end, proc = self.end, self.proc
+        self.end = self.proc = None
+        if end is not None:
+            end.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=_STOP_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
 
 
 class VerifierPool:
@@ -262,15 +189,13 @@ class VerifierPool:
         self.start_method = start_method
         self.starts = 0  # worker processes started so far (1 + restarts after timeouts / crashes)
         self._ctx = mp.get_context(start_method)
-        cap = self.max_items_per_message
-        self._progress = self._ctx.RawValue("q", 0)
-        self._scores = self._ctx.RawArray("d", cap)
-        self._status = self._ctx.RawArray("b", cap)
+        self._shared = SharedScores(self._ctx, self.max_items_per_message)
         self._slice = min(0.1, self.timeout_s / 10)
         self._worker = _Worker()
+        self._watch = MessageWatch(self._shared, self._worker.stop, self.timeout_s, self.startup_timeout_s, self._slice)
         self._lock = threading.Lock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _stop, self._worker)
+        self._finalizer = weakref.finalize(self, self._worker.stop)
         self.confinement: Confinement | None = None  # what the worker runs under, once one has started
         self._warned = False
 
@@ -288,11 +213,11 @@ class VerifierPool:
         or starts with a malformed hello."""
         if self._worker.proc is not None and self._worker.proc.is_alive():
             return True
-        _stop(self._worker)
+        self._worker.stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = self._ctx.Process(
-            target=_worker_main,
-            args=(theirs, self._progress, self._scores, self._status, self.memory_limit_mb),
+            target=worker.main,
+            args=(theirs, self._shared.progress, self._shared.scores, self._shared.status, self.memory_limit_mb),
             daemon=True,
             name="stare-verifier",
         )
@@ -303,19 +228,7 @@ class VerifierPool:
         self._worker.proc, self._worker.end = proc, end
         self.starts += 1
         started = time.monotonic()
-        limit = min(started + self.startup_timeout_s, deadline)
-        hello, problem = None, None
-        while hello is None and problem is None and time.monotonic() < limit:
-            try:
-                frames = end.receive(min(self._slice, max(0.0, limit - time.monotonic())))
-                if len(frames) > 1:
-                    raise MalformedMessage("a message after hello before any batch")
-                if frames:
-                    hello = worker_protocol.decode(frames[0], {"hello"})
-            except EOFError:
-                problem = "died"
-            except MalformedMessage as exc:
-                problem = f"sent a malformed hello ({exc})"
+        hello, problem = self._await_hello(end, min(started + self.startup_timeout_s, deadline))
         if hello is not None:
             self.confinement = hello["confinement"]
             if not self._warned and self.confinement.weaknesses():
@@ -324,7 +237,7 @@ class VerifierPool:
             return True
         proc.join(timeout=0.5)
         code = proc.exitcode
-        _stop(self._worker)
+        self._worker.stop()
         if problem is None and time.monotonic() >= deadline and deadline < started + self.startup_timeout_s:
             return False  # the call's budget, not the start-up limit, ran out
         if problem is not None and problem != "died":
@@ -335,10 +248,25 @@ class VerifierPool:
             else f"the verifier worker process did not start within {self.startup_timeout_s:g} s"
         )
 
+    def _await_hello(self, end: TrainerEnd, limit: float) -> tuple[dict | None, str | None]:
+        """The new worker's hello, or what went wrong instead ("died", a malformed hello); neither by ``limit``."""
+        while time.monotonic() < limit:
+            try:
+                frames = end.receive(min(self._slice, max(0.0, limit - time.monotonic())))
+                if len(frames) > 1:
+                    raise MalformedMessage("a message after hello before any batch")
+                if frames:
+                    return worker_protocol.decode(frames[0], {"hello"}), None
+            except EOFError:
+                return None, "died"
+            except MalformedMessage as exc:
+                return None, f"sent a malformed hello ({exc})"
+        return None, None
+
     def restart(self) -> None:
         """Kill the worker; the next ``score`` starts a fresh one."""
         with self._lock:
-            _stop(self._worker)
+            self._worker.stop()
 
     @property
     def worker_pid(self) -> int | None:
@@ -366,61 +294,32 @@ class VerifierPool:
                 pos = 0
                 while pos < len(items):
                     if time.monotonic() >= deadline:
-                        _stop(self._worker)
+                        self._worker.stop()
                         result.timeouts += len(items) - pos
-                        self._note(result, f"items {pos}..{len(items) - 1}: past the call's budget of {budget:g} s")
+                        result.note(f"items {pos}..{len(items) - 1}: past the call's budget of {budget:g} s")
                         break
                     end = min(len(items), pos + self.max_items_per_message)
                     pos = self._run_chunk(items, pos, end, result, deadline)
             except BaseException:
-                _stop(self._worker)  # never leave a worker busy with a batch nobody waits for
+                self._worker.stop()  # never leave a worker busy with a batch nobody waits for
                 raise
         return result
-
-    def _note(self, result: ScoreResult, text: str) -> None:
-        if len(result.messages) < _MAX_MESSAGES:
-            result.messages.append(text)
-
-    def _finished(self, count: int) -> int:
-        """The worker's progress through a message of ``count`` items: -1 (loading verifiers) to ``count``."""
-        done = self._progress.value
-        if not -1 <= done <= count:
-            raise _Compromised(f"progress {done} outside [-1, {count}]")
-        return done
-
-    def _collect(self, items: list, pos: int, count: int, result: ScoreResult, errors: dict) -> None:
-        """Copy ``count`` finished scores of the message starting at ``pos`` out of shared memory, every value
-        checked first (nothing is copied when one is impossible)."""
-        scores, status = self._scores[:count], self._status[:count]
-        for k in range(count):
-            if status[k] not in (_OK, _ERROR):
-                raise _Compromised(f"item {pos + k} finished with an unknown status {status[k]}")
-            if status[k] == _OK and not worker_protocol.finite_unit(scores[k]):
-                raise _Compromised(f"item {pos + k} scored {scores[k]!r}")
-        for k in range(count):
-            if status[k] == _OK:
-                result.scores[pos + k] = scores[k]
-            else:
-                result.errors += 1
-                detail = errors.get(k, "error (details lost with the worker)")
-                self._note(result, f"item {pos + k} ({items[pos + k][0]}): {detail}")
 
     def _run_chunk(self, items: list, pos: int, end: int, result: ScoreResult, deadline: float) -> int:
         """Score ``items[pos:end]``; return the index to continue from (``end`` unless the worker was stopped)."""
         count = end - pos
         try:
-            return self._score_message(items, pos, end, result, deadline)
-        except _Compromised as exc:
-            _stop(self._worker)
-            done = self._progress.value  # -1 (still loading its verifiers) or nonsense: nothing of it can be trusted
+            return self._score_message(Message(items, pos, end, result, deadline))
+        except Compromised as exc:
+            self._worker.stop()
+            done = self._shared.progress.value  # -1 (still importing verifiers) or nonsense: none of it is trusted
             last = min(pos + done, end - 1) if 0 <= done <= count else end - 1
             for k in range(pos, last + 1):
                 result.scores[k] = 0.0
             result.errors += last + 1 - pos
-            self._note(
-                result,
+            result.note(
                 f"items {pos}..{last}: the worker broke the message protocol ({exc}); it was killed and what it "
-                "scored in this message discarded",
+                "scored in this message discarded"
             )
             return last + 1
 
@@ -433,76 +332,16 @@ class VerifierPool:
             spoke = True
         if spoke:
             log.warning("the verifier worker sent data between batches or died idle: stopped, a fresh one starts")
-            _stop(self._worker)
+            self._worker.stop()
         return spoke
 
-    def _score_message(self, items: list, pos: int, end: int, result: ScoreResult, deadline: float) -> int:
-        count = end - pos
-        self._progress.value = -1
+    def _score_message(self, message: Message) -> int:
+        """Score one message in a live worker that has kept quiet since its last batch."""
+        self._shared.reset(message.count)
+        deadline = message.deadline
         if not self._ensure_worker(deadline) or (self._spoke_out_of_turn() and not self._ensure_worker(deadline)):
-            return pos  # out of budget: the caller scores the rest as timeouts
-        channel = self._worker.end
-        self._status[:count] = [_UNSCORED] * count
-        if not channel.send(items[pos:end], min(deadline, time.monotonic() + self.startup_timeout_s)):
-            if time.monotonic() >= deadline:
-                _stop(self._worker)
-                return pos
-            raise _Compromised("it did not take its batch")
-        seen, since = -1, time.monotonic()
-        errors: dict[int, str] = {}
-        while True:
-            now = time.monotonic()
-            dead = False
-            try:
-                frames = channel.receive(max(0.0, min(self._slice, deadline - now)))
-            except EOFError:
-                frames, dead = [], True
-            except MalformedMessage as exc:
-                raise _Compromised(str(exc)) from None
-            for frame in frames:
-                try:
-                    message = worker_protocol.decode(frame, {"error", "done"}, items=count)
-                except MalformedMessage as exc:
-                    raise _Compromised(str(exc)) from None
-                if message["kind"] == "error":
-                    errors[message["index"]] = message["text"]
-                    continue
-                if self._finished(count) != count or frame is not frames[-1]:
-                    raise _Compromised(f"'done' after {self._progress.value} of {count} items, or followed by more")
-                self._collect(items, pos, count, result, errors)
-                return end
-            done = self._finished(count)
-            now = time.monotonic()
-            if done != seen:
-                seen, since = done, now
-            limit = self.startup_timeout_s if done < 0 else self.timeout_s
-            if not dead and now - since <= limit and now < deadline:
-                continue
-            # Stuck on item `done`, died on it, or out of budget: keep what finished, stop it, move on.
-            _stop(self._worker)
-            if channel.partial:  # a frame begun and never finished: a worker that kept its word sends whole ones
-                raise _Compromised("it stopped in the middle of a message")
-            done = self._finished(count)
-            over_budget = not dead and now >= deadline
-            if done < 0:
-                if over_budget:
-                    return pos  # the caller scores the rest as timeouts
-                result.errors += count
-                self._note(result, f"items {pos}..{end - 1}: the worker could not load their verifiers in time")
-                return end
-            self._collect(items, pos, done, result, errors)
-            index = pos + done
-            if index >= end:  # stopped after the last item, before reporting: nothing is lost
-                return end
-            if over_budget:
-                return index
-            if dead:
-                result.errors += 1
-                self._note(result, f"item {index} ({items[index][0]}): the worker process died")
-            else:
-                result.timeouts += 1
-                self._note(result, f"item {index} ({items[index][0]}): no answer within {self.timeout_s:g} s")
-            return index + 1
+            return message.pos  # out of budget: the caller scores the rest as timeouts
+        return self._watch.run(self._worker.end, message)
 
     # -- shutdown ---------------------------------------------------------------------------------
     def close(self) -> None:

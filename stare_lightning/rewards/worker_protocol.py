@@ -15,6 +15,10 @@ mistyped field) raises ``MalformedMessage``. The trainer's side (``TrainerEnd``)
 holds and sends with a deadline, so a worker that stops halfway through a frame, or stops reading, cannot stall it.
 Trainer to worker the payload is a pickled batch: the trainer is trusted, and records carry metadata of any Python
 type (tuples, numpy scalars) that JSON would silently change.
+
+Scores do not go through the socket but through shared memory: for item ``i`` of the batch the worker writes
+``scores[i]`` and ``status[i]`` (``SCORED`` or ``FAILED``; the trainer resets it to ``UNSCORED`` before each batch),
+then sets ``progress`` to ``i + 1``; the trainer checks every value it reads there (``finite_unit``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,27 @@ from typing import Any
 
 from stare_lightning.rewards.confinement import Confinement
 
-__all__ = ["MalformedMessage", "TrainerEnd", "decode", "done", "error", "hello", "receive_batch", "send_message"]
+__all__ = [
+    "FAILED",
+    "SCORED",
+    "UNSCORED",
+    "MalformedMessage",
+    "TrainerEnd",
+    "decode",
+    "done",
+    "error",
+    "finite_unit",
+    "hello",
+    "receive_batch",
+    "send_message",
+]
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 400
 MAX_PATHS, MAX_PATH_CHARS = 64, 4096  # Confinement.unreadable_paths
 MAX_PID = 1 << 22  # the kernel's pid_max ceiling
 _HEADER = struct.Struct("!Q")
+UNSCORED, SCORED, FAILED = 0, 1, 2  # the values of status[i] in shared memory
 
 
 class MalformedMessage(ValueError):
