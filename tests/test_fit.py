@@ -409,8 +409,9 @@ main(sys.argv[1:])
 
 @pytest.mark.vllm
 def test_a_vllm_engine_that_misses_its_weight_syncs_trips_the_canary(tmp_path, model_cache):
-    """The control of the bound above: the same fit with an engine left stale exceeds it from the first update
-    on, and with patience 2 the run stops at the second stale step with the canary's error."""
+    """The control of the bound above: the same fit with an engine left stale is within it at step 0 (the engine
+    still holds the starting weights) and far above it from the first update on; with patience 2 the run stops at
+    the second stale step with the canary's error."""
     args = [*FAST, "rollout=vllm", "trainer.max_steps=3", "validation.before_fit=false",
             f"rollout.canary_threshold={CANARY_BOUND}", "rollout.canary_patience=2"]  # fmt: skip
     proc = run_cli(["fit", f"output_dir={tmp_path}", *args], model_cache, cwd=tmp_path, entry=("-c", STALE_ENGINE))
@@ -420,6 +421,10 @@ def test_a_vllm_engine_that_misses_its_weight_syncs_trips_the_canary(tmp_path, m
     found = re.search(r"Rollout engine and trainer disagree: mean \|logprob difference\| (\S+) ", out)
     assert found, out[-4000:]
     assert float(found.group(1)) > 10 * CANARY_BOUND, found.group(0)
+    steps = train_rows(read_metrics(tmp_path))  # the steps logged before the error: 0 (in sync) and 1 (stale)
+    assert sorted(steps) == [0, 1]
+    gaps = [steps[step]["train/rollout/logprob_abs_diff/mean"] for step in (0, 1)]
+    assert gaps[0] < CANARY_BOUND < 10 * CANARY_BOUND < gaps[1], gaps
 
 
 @pytest.mark.parametrize("algorithm", ["gspo", "cispo", "stare_gspo", "stare_cispo"])
