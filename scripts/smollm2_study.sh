@@ -38,64 +38,10 @@ declare -A ARMS=(
   [stare_o1_target07]="algorithm=stare_o1 algorithm.stare.target_entropy=0.7 algorithm.name=stare_o1_target07"
 )
 read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
-for arm in "${ORDER[@]}"; do
-  [[ -v "ARMS[$arm]" ]] || { echo "ARM_NAMES: unknown arm '$arm' (known: ${!ARMS[*]})" >&2; exit 2; }
-done
+# shellcheck source=scripts/study_jobs.sh
+source "$(dirname "$0")/study_jobs.sh"
 
-FIT=
-stop_fit() {  # on TERM/INT: the running fit goes down with the runner; its last checkpoint stays for a resume
-  if [[ -n "$FIT" ]]; then
-    kill -TERM "$FIT" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 "$FIT" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL "$FIT" 2>/dev/null || true
-  fi
-  exit 143
-}
-
-run_job() {  # run_job ARM SEED: fit (or resume) one job unless it is finished or another runner holds it
-  local arm=$1 seed=$2 dir="$OUT/$1/seed$2"
-  mkdir -p "$dir"
-  [[ -f "$dir/finished" ]] && { echo "$arm seed $seed: finished already"; return; }
-  exec {lock}>"$dir/.lock"
-  flock -n "$lock" || { echo "$arm seed $seed: another runner has it"; exec {lock}>&-; return; }
-  echo "$arm seed $seed: $( [[ -f "$dir/checkpoints/last.ckpt" ]] && echo resuming || echo starting ) ($(date +%H:%M))"
-  # In the background and waited for, so that a signal to the runner reaches stop_fit while the fit runs.
-  # shellcheck disable=SC2086 # the study and an arm are lists of overrides
-  "$PY" -m stare_lightning fit $STUDY summary=false seed="$seed" output_dir="$dir" ckpt_path=last ${ARMS[$arm]} \
-    >>"$dir/runner.log" 2>&1 &
-  FIT=$!
-  if wait "$FIT"; then
-    touch "$dir/finished"
-    rm -rf "$dir/checkpoints"
-  else
-    echo "$arm seed $seed: failed, see $dir/runner.log" >&2
-  fi
-  FIT=
-  flock -u "$lock"
-  exec {lock}>&-  # closed, so that later jobs' fits do not inherit it
-}
-
-queue() {  # queue I N: every N-th job starting at I, seed by seed
-  local i=0
-  for seed in $SEEDS; do
-    for arm in "${ORDER[@]}"; do
-      (( i++ % $2 == $1 )) && run_job "$arm" "$seed"
-    done
-  done
-  return 0
-}
-
-if [[ "${CHAINS:-1}" == 2 ]]; then
-  # One thread each, and vLLM's decode threads pinned to a core of their own; each queue stops its own fit.
-  (trap stop_fit TERM INT; OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=0 queue 0 2) &
-  (trap stop_fit TERM INT; OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 queue 1 2) &
-  trap 'kill -TERM $(jobs -p) 2>/dev/null; wait; exit 143' TERM INT
-  wait
-else
-  trap stop_fit TERM INT
-  queue 0 1
-fi
-trap - TERM INT
+run_study
 for arm in "${ORDER[@]}"; do
   ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
   "$PY" -m stare_lightning.metrics.plots summarize "$OUT/$arm" "$DATA"

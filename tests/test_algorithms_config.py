@@ -35,7 +35,7 @@ def test_defaults_follow_the_method_doc():
         ("w", 0.0),
         ("m", -1.0),
         ("target_entropy", -0.1),
-        ("selector", "entropy"),
+        ("selector", "likelihood"),
         ("scope", "batch"),
         ("surprisal_source", "ref"),
         ("alpha", -0.1),

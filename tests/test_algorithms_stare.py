@@ -173,7 +173,7 @@ def test_sensitivity_selector_needs_phi():
         ({"w": 0.0}, "w"),
         ({"w": float("inf")}, "w"),
         ({"m": -1.0}, "m"),
-        ({"selector": "entropy"}, "selector"),
+        ({"selector": "likelihood"}, "selector"),
         ({"target_entropy": -0.1}, "target_entropy"),
         ({"alpha": -0.01}, "alpha"),
         ({"w_max": 0.9}, "w_max"),

@@ -11,13 +11,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from stare_lightning.algorithms import StepParams, policy_loss, step_selection
+from stare_lightning.algorithms import StepParams, policy_loss
 from stare_lightning.cli import compose, prepare_config
 from stare_lightning.rollout.base import SamplingParams
 from stare_lightning.rollout.episodes import ToolEpisodes
 from stare_lightning.step import Experience
 from stare_lightning.step.batch import build_rollout_batch
-from stare_lightning.step.loss import micro_batch_loss, step_normalizer
+from stare_lightning.step.loss import micro_batch_loss
+from stare_lightning.step.normalizer import step_normalizer
+from stare_lightning.step.selection import step_selection
 from stare_lightning.tools import ToolResult, build_format, build_tool
 
 # One xdist worker runs this module: its tests share the tool policy's cold start (a module fixture; another

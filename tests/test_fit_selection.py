@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stare_lightning.algorithms import selection_timing
+from stare_lightning.step.selection import selection_timing
 from tests.test_fit import compose_run, read_metrics, train_rows
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2):
     """Run a short fit, recording per optimizer step (global_step) the share of T+ tokens the loss weighted
     by W and, per call, the micro-batch's inputs and applied omega. Returns (module, logged rows, records)."""
     from stare_lightning import train
-    from stare_lightning.step import loss as loss_module
+    from stare_lightning.step import selection as loss_module
 
     records: list[dict] = []
     original = loss_module.micro_batch_stare_weights

@@ -24,8 +24,9 @@ from omegaconf import OmegaConf
 
 from stare_lightning.algorithms import AlgorithmConfig
 from stare_lightning.step import Experience, micro_batch_loss, micro_batches
-from stare_lightning.step.loss import gate_entropy, step_normalizer
+from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import score_batch
+from stare_lightning.step.selection import gate_entropy
 from tests.experiences import on_policy_experience
 from tests.test_algorithms_config import CONF_DIR
 

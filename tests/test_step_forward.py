@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from stare_lightning.algorithms import AlgorithmConfig, StepParams, step_selection
+from stare_lightning.algorithms import AlgorithmConfig, StepParams
 from stare_lightning.step import Experience, micro_batch_loss, micro_batches
 from stare_lightning.step.forward import PADDED, ForwardLayout, PackedRows, response_token_stats
-from stare_lightning.step.loss import step_normalizer
+from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import score_batch
+from stare_lightning.step.selection import step_selection
 from tests.experiences import on_policy_experience
 from tests.test_official_semantics import official_config
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from stare_lightning.algorithms import AlgorithmConfig, STAREConfig
-from stare_lightning.algorithms.token_weights import SelectionTiming
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import Rollouts, SamplingParams
 from stare_lightning.rollout.config import RolloutConfig
@@ -22,6 +21,7 @@ from stare_lightning.step.collect import Collection, CollectionStats
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.runner import StepRunner
+from stare_lightning.step.selection import SelectionTiming
 from tests.distributed import run_on_ranks
 from tests.experiences import on_policy_experience
 

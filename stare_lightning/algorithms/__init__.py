@@ -27,12 +27,7 @@ from stare_lightning.algorithms.surrogates import (
     kl_penalty,
 )
 from stare_lightning.algorithms.token_stats import TokenStats, token_stats_from_hidden, token_stats_from_logits
-from stare_lightning.algorithms.token_weights import (
-    micro_batch_stare_weights,
-    micro_batch_token_weights,
-    selection_timing,
-    step_selection,
-)
+from stare_lightning.algorithms.token_weights import micro_batch_token_weights
 
 __all__ = [
     "AdaptiveEntropyCoefficient",
@@ -53,15 +48,12 @@ __all__ = [
     "entropy_sensitivity",
     "kl_cov_penalty",
     "kl_penalty",
-    "micro_batch_stare_weights",
     "micro_batch_token_weights",
     "overlong_penalty",
     "policy_loss",
     "predicted_entropy_change",
     "stare_token_weights",
     "stare_weights_for_scope",
-    "selection_timing",
-    "step_selection",
     "token_covariance",
     "token_stats_from_hidden",
     "token_stats_from_logits",

@@ -20,7 +20,8 @@ from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS
 from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS, AdaptiveEntropyCoefficient
 from stare_lightning.algorithms.policy_losses import POLICY_LOSSES
 from stare_lightning.algorithms.rollout_correction import MISMATCH_LEVELS, MISMATCH_MODES
-from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_SELECTORS, STARE_VARIANTS
+from stare_lightning.algorithms.selectors import STARE_SELECTORS
+from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_VARIANTS
 from stare_lightning.algorithms.stare_controller import STARE_TIMINGS, STAREController
 from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
 from stare_lightning.config.checks import choice, flag, number, text
@@ -55,7 +56,8 @@ class STAREConfig:
     target_entropy: float = 0.3
     """The gate opens on steps whose batch entropy (nats) is below this target."""
     selector: str = "surprisal"
-    """Rank tokens by surprisal, or by their exact entropy sensitivity Phi (`sensitivity`)."""
+    """What ranks the tokens (`algorithms/selectors/`): surprisal, the exact entropy sensitivity Phi (`sensitivity`),
+    the predictive entropy (`entropy`), or a seeded uniform draw of the same count (`random`, the control)."""
     scope: str = "step"
     """The pool a selection ranks: the step's whole batch, each micro-batch, sequence or group."""
     surprisal_source: str = "current"
@@ -86,7 +88,7 @@ class STAREConfig:
         number(f"{p}w", self.w, low=0.0, low_open=True)
         number(f"{p}m", self.m, low=0.0, low_open=True)
         number(f"{p}target_entropy", self.target_entropy, low=0.0)
-        choice(f"{p}selector", self.selector, STARE_SELECTORS)
+        choice(f"{p}selector", self.selector, STARE_SELECTORS.names())
         choice(f"{p}scope", self.scope, STARE_SCOPES)
         choice(f"{p}surprisal_source", self.surprisal_source, SURPRISAL_SOURCES)
         number(f"{p}alpha", self.alpha, low=0.0)
@@ -116,7 +118,7 @@ class STAREConfig:
 
     def needs_sensitivity(self) -> bool:
         """Whether the logits pass must also return sum pi^2 and sum pi^2 log pi."""
-        return self.enabled and self.selector == "sensitivity"
+        return self.enabled and STARE_SELECTORS[self.selector].needs_phi
 
 
 @dataclass

@@ -24,7 +24,8 @@ class Registry(Generic[Fn]):
     def register(self, name: str) -> Callable[[Fn], Fn]:
         def add(fn: Fn) -> Fn:
             if name in self._entries:
-                raise ValueError(f"{self.key}: {name!r} is registered twice ({self._entries[name].__qualname__})")
+                first = getattr(self._entries[name], "__qualname__", self._entries[name])
+                raise ValueError(f"{self.key}: {name!r} is registered twice ({first})")
             self._entries[name] = fn
             return fn
 

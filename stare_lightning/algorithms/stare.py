@@ -24,7 +24,8 @@ Departures from the paper and its reference code (which selects inside each micr
 GPU): the default scope is the whole step batch, gathered across ranks, so the weights do not depend
 on the micro-batch size nor on the number of devices; `micro_batch`, `sequence` and `group` scopes
 are also offered. A `sensitivity` selector ranks by the exact entropy sensitivity Phi instead of
-surprisal. Settings are range-checked once, by ``AlgorithmConfig``; these functions check shapes only.
+surprisal; what ranks the tokens is a registry (``selectors/``: surprisal, sensitivity, the predictive entropy and a
+seeded random control). Settings are range-checked once, by ``AlgorithmConfig``; these functions check shapes only.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from stare_lightning.algorithms.selectors import STARE_SELECTORS, RankingInputs
 from stare_lightning.algorithms.surrogates import broadcast_advantages
 from stare_lightning.distributed import gather_variable_length
 from stare_lightning.distributed import rank as global_rank
@@ -49,7 +51,6 @@ __all__ = [
 ]
 
 STARE_VARIANTS = ("O1", "C2")
-STARE_SELECTORS = ("surprisal", "sensitivity")
 STARE_SCOPES = ("step", "micro_batch", "sequence", "group")
 
 _CEIL_TOL = 1e-7
@@ -150,7 +151,9 @@ class _Stream:
     advantages_full: list[Tensor]  # [B_i, T_i] per part
 
 
-def _stream(logprobs, advantages, masks, sensitivity, selector, seg_of_row, num_seg, device) -> _Stream:
+def _stream(logprobs, advantages, masks, extras, selector, seg_of_row, num_seg, device) -> _Stream:
+    """``extras``: per part, the ``RankingInputs`` fields beyond the log-probs (phi, entropy, generator)."""
+    rank_by = STARE_SELECTORS[selector]
     scores, advs, segs, valids, advs_full = [], [], [], [], []
     row0 = 0
     for i, (lp, a, mk) in enumerate(zip(logprobs, advantages, masks)):
@@ -160,14 +163,7 @@ def _stream(logprobs, advantages, masks, sensitivity, selector, seg_of_row, num_
             raise ValueError(f"mask has shape {tuple(mk.shape)}; expected {tuple(lp.shape)}")
         a_full = broadcast_advantages(a, lp)
         valid = mk.to(torch.bool)
-        if selector == "sensitivity":
-            if sensitivity is None or sensitivity[i] is None:
-                raise ValueError("sensitivity=None is not allowed with selector='sensitivity': pass Phi per token")
-            if sensitivity[i].shape != lp.shape:
-                raise ValueError(f"sensitivity has shape {tuple(sensitivity[i].shape)}; expected {tuple(lp.shape)}")
-            score = sensitivity[i].detach().to(torch.float64)
-        else:
-            score = -lp.detach().to(torch.float64)
+        score = rank_by.score(RankingInputs(logprobs=lp, **extras[i]))
         scores.append(score[valid])
         advs.append(a_full.detach()[valid].to(torch.float64))
         rows = torch.arange(lp.shape[0], device=lp.device).unsqueeze(1).expand_as(lp)
@@ -238,17 +234,29 @@ def stare_token_weights(
     mask: Tensor,
     *,
     sensitivity: Tensor | None = None,
+    entropy: Tensor | None = None,
+    generator: torch.Generator | None = None,
     **rule,
 ) -> tuple[Tensor, STAREStats]:
     """STARE weights [B, T] (float32, no gradient) selected over exactly the tokens given.
 
     logprobs: [B, T] log pi(o) (surprisal = -logprobs); advantages: [B] or [B, T]; mask: [B, T];
-    sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first).
+    sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first); entropy: the
+    predictive entropy [B, T], required by selector "entropy"; generator: the draw of selector "random".
     ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal"),
     k_rounding ("ceil"; "reference": the reference code's int(P n + 0.999999)), tie_order ("position";
     "topk": the reference code's).
     """
-    return stare_weights_for_scope(logprobs, advantages, mask, scope="micro_batch", sensitivity=sensitivity, **rule)
+    return stare_weights_for_scope(
+        logprobs,
+        advantages,
+        mask,
+        scope="micro_batch",
+        sensitivity=sensitivity,
+        entropy=entropy,
+        generator=generator,
+        **rule,
+    )
 
 
 def _segments(scope: str, num_parts: int, total_rows: int, group_size: int | None, device):
@@ -279,6 +287,8 @@ def stare_weights_for_scope(
     gather: Callable[[Tensor], Tensor] | None = None,
     rank: int | None = None,
     sensitivity: TensorOrList | None = None,
+    entropy: TensorOrList | None = None,
+    generator: torch.Generator | None = None,
     **rule,
 ):
     """STARE weights with the selection scope made explicit.
@@ -304,13 +314,18 @@ def stare_weights_for_scope(
     def parts(x):
         return None if x is None else ([x] if single else list(x))
 
-    lps, advs, masks, sens = parts(logprobs), parts(advantages), parts(mask), parts(sensitivity)
-    if not (len(lps) == len(advs) == len(masks)) or (sens is not None and len(sens) != len(lps)):
-        raise ValueError("logprobs, advantages, mask (and sensitivity) must have the same number of parts")
+    lps, advs, masks = parts(logprobs), parts(advantages), parts(mask)
+    sens, ents = parts(sensitivity), parts(entropy)
+    if not (len(lps) == len(advs) == len(masks)) or any(x is not None and len(x) != len(lps) for x in (sens, ents)):
+        raise ValueError("logprobs, advantages, mask (and sensitivity, entropy) must have the same number of parts")
+    extras = [
+        {"phi": None if sens is None else sens[i], "entropy": None if ents is None else ents[i], "generator": generator}
+        for i in range(len(lps))
+    ]
     device = lps[0].device if lps else torch.device("cpu")
     num_seg, seg_of_row = _segments(scope, len(lps), sum(x.shape[0] for x in lps), group_size, device)
     with torch.no_grad():
-        stream = _stream(lps, advs, masks, sens, rule.selector, seg_of_row, num_seg, device)
+        stream = _stream(lps, advs, masks, extras, rule.selector, seg_of_row, num_seg, device)
         step_gather = (gather or gather_variable_length) if scope == "step" else None
         sel_pos, sel_neg = _select(stream, num_seg, rule, step_gather, rank)
         weights, stats = _part_results(stream, sel_pos, sel_neg, rule)

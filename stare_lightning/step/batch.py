@@ -88,6 +88,7 @@ class Experience(RolloutBatch):
 
     old_logprobs: Tensor | None = None
     phi: Tensor | None = None  # entropy sensitivity of each sampled token (the ``sensitivity`` selector)
+    entropy: Tensor | None = None  # the scoring pass's predictive entropy (the ``entropy`` selector)
     stare_weights: Tensor | None = None
     stare_selected: Tensor | None = None  # bool
 
@@ -100,12 +101,14 @@ class Experience(RolloutBatch):
         phi: Tensor | None,
         stare_weights: Tensor | None,
         stare_selected: Tensor | None,
+        entropy: Tensor | None = None,
     ) -> Experience:
         rollout_fields = {f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}
         return cls(
             **rollout_fields,
             old_logprobs=old_logprobs,
             phi=phi,
+            entropy=entropy,
             stare_weights=stare_weights,
             stare_selected=stare_selected,
         )

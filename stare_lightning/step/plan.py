@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stare_lightning.algorithms import AlgorithmConfig
-from stare_lightning.algorithms.token_weights import SelectionTiming, selection_timing
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.step.forward import PADDED, ForwardLayout
+from stare_lightning.step.selection import SelectionTiming, TokenSelection
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,12 @@ class ForwardPlan:
 class StepPlan:
     """One step's shape. ``scoring_pass``: a no-grad pass scores the batch before any update (else the update's
     first forward gives the rollout policy's statistics, and the gate and selection are telemetry only);
-    ``selection``: when the applied STARE selection is made; ``reselect``: before every optimizer step after the
-    first; ``old_logprobs_from_forward``: on-policy old log-probs are the update forward's own, detached."""
+    ``token_selection``: STARE's selection (``step/selection.py``); ``selection``: when the applied selection is
+    made; ``reselect``: before every optimizer step after the first; ``old_logprobs_from_forward``: on-policy old
+    log-probs are the update forward's own, detached."""
 
     scoring_pass: bool
+    token_selection: TokenSelection
     selection: SelectionTiming
     reselect: bool
     old_logprobs_from_forward: bool
@@ -55,7 +57,7 @@ class StepPlan:
     @classmethod
     def resolve(cls, algorithm: AlgorithmConfig, rollout: RolloutConfig, forward: ForwardConfig) -> StepPlan:
         """The plan of a run with these validated config groups."""
-        timing = selection_timing(algorithm.stare)
+        selection = TokenSelection.resolve(algorithm, group_size=rollout.n)
         passes = ForwardPlan(
             temperature=rollout.temperature,
             chunk_size=forward.logprob_chunk_size,
@@ -64,8 +66,9 @@ class StepPlan:
         )
         return cls(
             scoring_pass=algorithm.needs_scoring_pass(),
-            selection=timing,
-            reselect=timing is SelectionTiming.OPTIMIZER_STEP,
+            token_selection=selection,
+            selection=selection.timing,
+            reselect=selection.reselect,
             old_logprobs_from_forward=algorithm.on_policy_old_logprobs == "forward" and algorithm.is_on_policy(),
             gate_aggregation=algorithm.gate_loss_agg(),
             loss_normalizer=algorithm.loss_normalizer,

@@ -26,13 +26,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stare_lightning import distributed
-from stare_lightning.algorithms import AdaptiveEntropyCoefficient, AlgorithmConfig, STAREController, step_selection
+from stare_lightning.algorithms import AdaptiveEntropyCoefficient, AlgorithmConfig, STAREController
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.step.batch import Experience, RolloutBatch, micro_batches, mini_batch_rows
 from stare_lightning.step.collect import Collection, collect
-from stare_lightning.step.loss import MicroBatchLoss, gate_entropy, micro_batch_loss, step_normalizer, token_mean
+from stare_lightning.step.loss import MicroBatchLoss, micro_batch_loss
+from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.partition import balanced_micro_batches, balanced_rank_rows
 from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.scoring import (
@@ -42,17 +43,7 @@ from stare_lightning.step.scoring import (
     score_batch,
     scores_from_logits,
 )
-
-
-@dataclass(frozen=True)
-class Selection:
-    """One STARE selection, as a loss applied it (or, with STARE off or its gate closed, would have)."""
-
-    advantages: Tensor
-    mask: Tensor
-    phi: Tensor
-    omega: Tensor | None  # None: every weight 1
-    selected: Tensor  # bool [rows, width]
+from stare_lightning.step.selection import Gate, Selection
 
 
 @dataclass(frozen=True)
@@ -105,6 +96,8 @@ class StepRunner:
         self.optimizer_step, self.backward = optimizer_step, backward
         self.controller, self.entropy_coefficient = controller, entropy_coefficient
         self.device = device or torch.device("cpu")
+        self.gate = Gate(algorithm, controller, entropy_coefficient, plan.max_response_length, self.device)
+        self.selection = plan.token_selection
         self.world_size = world_size
         self.same_batch_entropy = same_batch_entropy
 
@@ -139,16 +132,16 @@ class StepRunner:
         logits_before = self._response_logits(batch) if self.same_batch_entropy else None
         lap("telemetry")
         scores = self._score(batch, logits_before) if self.plan.scoring_pass else None
-        entropy, params = self._gate(scores, batch) if scores is not None else (float("nan"), GRPO_PARAMS)
-        experience = self._experience(batch, scores, params)
+        entropy, params = self.gate.measure(scores, batch) if scores is not None else (float("nan"), GRPO_PARAMS)
+        experience = self._experience(batch, scores, params, seed)
         lap("score")
         update = self._update(experience, params, seed)
         lap("update")
         selections = update.selections
         if scores is None:  # the update's first forward scored the batch; what STARE would have done, for telemetry
             scores = update.first_pass
-            entropy, params = self._gate(scores, batch)
-            selections = [self._selection(scores, batch, params)]
+            entropy, params = self.gate.measure(scores, batch)
+            selections = [self.selection.over_step(scores, batch, params, seed=seed)]
         change = None
         if logits_before is not None:
             change = same_batch_entropy_change(self.policy, batch, logits_before, **self.plan.pass_options())
@@ -175,51 +168,24 @@ class StepRunner:
             return scores_from_logits(logits, batch, **self.plan.pass_options())
         return score_batch(self.policy, batch, **self.plan.pass_options())
 
-    def _gate(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
-        """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step,
-        STARE's on the entropy aggregated as the plan says."""
-        entropy = token_mean(scores.entropy, batch.response_mask, device=self.device)
-        if self.entropy_coefficient is not None:
-            self.entropy_coefficient.update(entropy)
-        if self.controller is None:
-            return entropy, GRPO_PARAMS
-        gate_value = entropy
-        if self.plan.gate_aggregation != "token-mean":
-            gate_value = gate_entropy(
-                scores.entropy, batch, self.algorithm, max_response_length=self.plan.max_response_length
-            )
-        return entropy, self.controller.update(gate_value)
-
-    def _selection(self, scores: TokenScores, batch: RolloutBatch, params: StepParams) -> Selection:
-        """STARE's selection over the step's batch (gathered across ranks inside ``step_selection``)."""
-        omega, stats = step_selection(
-            scores.logprobs,
-            batch.advantages,
-            batch.response_mask,
-            scores.phi,
-            self.algorithm,
-            params,
-            group_size=self.plan.group_size,
-        )
-        return Selection(batch.advantages, batch.response_mask, scores.phi, omega, stats.selected)
-
-    def _experience(self, batch: RolloutBatch, scores: TokenScores | None, params: StepParams) -> Experience:
+    def _experience(self, batch: RolloutBatch, scores: TokenScores | None, params: StepParams, seed: int) -> Experience:
         """The batch with every per-token input of the loss; with timing ``micro_batch`` the loss selects."""
         if scores is None:
             return Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
-        selection = None if self.plan.selection == "micro_batch" else self._selection(scores, batch, params)
+        selection = None if self.selection.in_loss else self.selection.over_step(scores, batch, params, seed=seed)
         return Experience.build(
             batch,
             old_logprobs=scores.logprobs,
             phi=scores.phi,
+            entropy=scores.entropy,
             stare_weights=selection.omega if selection else None,
             stare_selected=selection.selected if selection else None,
         )
 
-    def _reselect(self, experience: Experience, params: StepParams) -> Experience:
+    def _reselect(self, experience: Experience, params: StepParams, seed: int) -> Experience:
         """The step's selection made again by the policy as it is now (timing ``optimizer_step``)."""
         scores = score_batch(self.policy, experience, **self.plan.pass_options())
-        selection = self._selection(scores, experience, params)
+        selection = self.selection.over_step(scores, experience, params, seed=seed)
         return replace(experience, stare_weights=selection.omega, stare_selected=selection.selected)
 
     # ----------------------------------------------------------------------------------------------- update
@@ -238,7 +204,7 @@ class StepRunner:
         for _ in range(plan.ppo_epochs):
             for rows in self._mini_batch_rows(experience.num_rows, generator):
                 if plan.reselect and params.gate_on and record.grad_norms:  # not before the first optimizer step
-                    experience = self._reselect(experience, params)
+                    experience = self._reselect(experience, params, seed)
                 mini = experience.select(rows.to(experience.input_ids.device))
                 normalizer = step_normalizer(mini, max_response_length=plan.max_response_length, device=self.device)
                 parts = self._micro_batches(mini)
@@ -248,7 +214,7 @@ class StepRunner:
                 for step in range(steps):
                     real = step < len(parts)
                     part = parts[step] if real else filler
-                    result = self._micro_batch_loss(part, normalizer, params)
+                    result = self._micro_batch_loss(part, normalizer, params, seed=seed + len(record.micro_batch_sums))
                     loss = result.loss
                     if not torch.isfinite(loss):
                         finite = False
@@ -277,7 +243,7 @@ class StepRunner:
             return balanced_micro_batches(mini, forward.micro_batch_tokens, self.device)
         return list(micro_batches(mini, forward.micro_batch_tokens, packed=forward.layout.packed))
 
-    def _micro_batch_loss(self, part: Experience, normalizer, params: StepParams) -> MicroBatchLoss:
+    def _micro_batch_loss(self, part: Experience, normalizer, params: StepParams, *, seed: int) -> MicroBatchLoss:
         coefficient = self.entropy_coefficient
         forward = self.plan.forward
         return micro_batch_loss(
@@ -291,6 +257,8 @@ class StepRunner:
             temperature=forward.temperature,
             chunk_size=forward.chunk_size,
             layout=forward.layout,
+            selection=self.selection,
+            seed=seed,
         )
 
     @staticmethod

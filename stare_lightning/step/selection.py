@@ -1,0 +1,297 @@
+"""STARE's gate and token selection, in one place: the entropy the gate reads, the controller and the adaptive
+entropy coefficient that step on it, when the selection is made, what ranks the tokens, the omega weights and
+re-selection.
+
+The gate (``Gate``): H_k is the token mean of the rollout policy's entropy over every rank's response tokens;
+STARE's controller compares its target to that mean, or to the entropy aggregated like the loss
+(``algorithm.gate_aggregation=like_loss``, the reference code's); the adaptive entropy coefficient reads H_k.
+
+The selection (``TokenSelection``, resolved once by the step's plan). When it is made (``SelectionTiming``), from
+``stare.scope``, ``stare.surprisal_source`` and the selector:
+- ``micro_batch``: inside each micro-batch's forward, from its current (detached) or old statistics. Scope
+  ``micro_batch`` always; scope ``sequence`` with the current statistics (a row's selection needs only that row).
+- ``optimizer_step``: scopes ``step`` and ``group`` ranked by the current policy: once before the first optimizer
+  step from the scoring pass (the policy has not moved yet), then again before every later optimizer step (PPO
+  epochs, mini-batches) from a no-grad pass of the updated policy over the step's batch.
+- ``step``: ranked by the old statistics, or by a selector that does not follow the policy (``random``): one
+  selection from the scoring pass, kept for every optimizer step.
+The paper ranks the current policy's surprisal; its reference code re-selects per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+from stare_lightning.algorithms import (
+    AdaptiveEntropyCoefficient,
+    AlgorithmConfig,
+    STAREController,
+    STAREStats,
+    TokenStats,
+    aggregate_loss,
+    entropy_sensitivity,
+)
+from stare_lightning.algorithms.config import STAREConfig
+from stare_lightning.algorithms.selectors import STARE_SELECTORS
+from stare_lightning.algorithms.stare import stare_weights_for_scope
+from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
+from stare_lightning.distributed import all_reduce
+from stare_lightning.distributed import rank as global_rank
+from stare_lightning.step.batch import Experience, RolloutBatch
+from stare_lightning.step.normalizer import step_normalizer
+from stare_lightning.step.scoring import TokenScores
+
+__all__ = [
+    "Gate",
+    "Selection",
+    "SelectionTiming",
+    "TokenSelection",
+    "gate_entropy",
+    "micro_batch_stare_weights",
+    "selection_timing",
+    "step_selection",
+    "token_mean",
+]
+
+
+# ------------------------------------------------------------------------------------------------------- gate
+def token_mean(values: Tensor, mask: Tensor, *, device: torch.device) -> float:
+    """The mean of ``values`` over every rank's valid tokens (float64 sums; NaN when there is none)."""
+    valid = mask.to(torch.bool)
+    total = torch.where(valid, values.detach().double(), torch.zeros((), dtype=torch.float64, device=values.device))
+    sums = torch.stack([total.sum(), valid.sum().double()])
+    total_sum, count = all_reduce(sums.to(device), device=device).tolist()
+    return total_sum / count if count else float("nan")
+
+
+def gate_entropy(entropy: Tensor, batch: RolloutBatch, alg: AlgorithmConfig, *, max_response_length: int) -> float:
+    """The entropy that drives STARE's gate, over every rank's rows, aggregated as ``alg.gate_loss_agg()``
+    says: the token mean, or like the loss (``aggregate_loss`` under the step's global counts)."""
+    normalizer = step_normalizer(batch, max_response_length=max_response_length, device=entropy.device)
+    mask = batch.response_mask
+    share = aggregate_loss(entropy.detach().double(), mask, alg.gate_loss_agg(), normalizer)
+    return float(all_reduce(share, device=entropy.device))
+
+
+@dataclass
+class Gate:
+    """What reads the step's batch entropy: STARE's controller and the adaptive entropy coefficient (either may
+    be None; the caller keeps and checkpoints their state)."""
+
+    algorithm: AlgorithmConfig
+    controller: STAREController | None
+    entropy_coefficient: AdaptiveEntropyCoefficient | None
+    max_response_length: int
+    device: torch.device
+
+    def measure(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
+        """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step,
+        STARE's on the entropy aggregated as the algorithm says. Returns (H_k, this step's STARE parameters)."""
+        entropy = token_mean(scores.entropy, batch.response_mask, device=self.device)
+        if self.entropy_coefficient is not None:
+            self.entropy_coefficient.update(entropy)
+        if self.controller is None:
+            return entropy, GRPO_PARAMS
+        gate_value = entropy
+        if self.algorithm.gate_loss_agg() != "token-mean":
+            gate_value = gate_entropy(
+                scores.entropy, batch, self.algorithm, max_response_length=self.max_response_length
+            )
+        return entropy, self.controller.update(gate_value)
+
+
+# -------------------------------------------------------------------------------------------------- selection
+class SelectionTiming(StrEnum):
+    """When the selection that the loss applies is made (module docstring)."""
+
+    STEP = "step"
+    OPTIMIZER_STEP = "optimizer_step"
+    MICRO_BATCH = "micro_batch"
+
+
+def selection_timing(stare: STAREConfig) -> SelectionTiming:
+    """When the selection that the loss applies is made, from ``stare.scope``, ``stare.surprisal_source`` and
+    whether the selector follows the policy. With STARE off it is ``STEP``: the step-wide selection is still made,
+    for the telemetry only."""
+    if not stare.enabled:
+        return SelectionTiming.STEP
+    current = stare.surprisal_source == "current" and STARE_SELECTORS[stare.selector].follows_policy
+    if stare.scope == "micro_batch" or (stare.scope == "sequence" and current):
+        return SelectionTiming.MICRO_BATCH
+    if current and stare.scope in ("step", "group"):
+        return SelectionTiming.OPTIMIZER_STEP
+    return SelectionTiming.STEP
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One STARE selection, as a loss applied it (or, with STARE off or its gate closed, would have)."""
+
+    advantages: Tensor
+    mask: Tensor
+    phi: Tensor
+    omega: Tensor | None  # None: every weight 1
+    selected: Tensor  # bool [rows, width]
+
+
+def _rule(stare: STAREConfig, params: StepParams, *, gate_on: bool) -> dict:
+    return {
+        "variant": stare.variant,
+        "top_ratio": stare.top_ratio,
+        "w": params.w,
+        "m": params.m,
+        "gate_on": gate_on,
+        "selector": stare.selector,
+        "k_rounding": stare.k_rounding,
+        "tie_order": stare.tie_order,
+    }
+
+
+def _generator(seed: int | None) -> torch.Generator | None:
+    return None if seed is None else torch.Generator().manual_seed(seed % (1 << 63))
+
+
+def step_selection(
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    phi: Tensor | None,
+    alg: AlgorithmConfig,
+    params: StepParams,
+    *,
+    group_size: int,
+    entropy: Tensor | None = None,
+    seed: int | None = None,
+) -> tuple[Tensor | None, STAREStats]:
+    """STARE's selection over the whole batch given, gathered across ranks: (omega or None, its stats).
+
+    omega is None when no STARE weight applies (STARE off or its gate closed). Not for timing
+    ``micro_batch``, whose selection is made inside the loss. ``seed``: the step's (a random selector draws from
+    it, mixed with the rank, so the ranks' draws differ).
+    """
+    stare = alg.stare
+    omega, stats = stare_weights_for_scope(
+        logprobs,
+        advantages,
+        mask,
+        scope=stare.scope if stare.scope != "micro_batch" else "step",
+        group_size=group_size,
+        sensitivity=phi,
+        entropy=entropy,
+        generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
+        **_rule(stare, params, gate_on=True),
+    )
+    return (omega if stare.enabled and params.gate_on else None), stats
+
+
+def micro_batch_stare_weights(
+    alg: AlgorithmConfig,
+    *,
+    advantages: Tensor,
+    mask: Tensor,
+    current_logprobs: Tensor,
+    old_logprobs: Tensor,
+    step_omega: Tensor | None,
+    step_selected: Tensor | None,
+    params: StepParams,
+    phi: Tensor | None,
+    entropy: Tensor | None = None,
+    seed: int | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
+    """STARE's omega [B, T] for one micro-batch (None: all ones) and the tokens selected (None: no selection).
+
+    ``step_omega``, ``step_selected``: this micro-batch's slice of the step-wide selection (timings
+    ``step`` and ``optimizer_step``), returned as they are; with timing ``micro_batch`` the selection is
+    made here (``phi``, ``entropy``: from the same pass as the log-probs ranked; ``seed``: this micro-batch's).
+    """
+    stare = alg.stare
+    if selection_timing(stare) is not SelectionTiming.MICRO_BATCH:
+        return step_omega, step_selected
+    source = current_logprobs if stare.surprisal_source == "current" else old_logprobs
+    omega, stats = stare_weights_for_scope(
+        source.detach(),
+        advantages,
+        mask,
+        scope=stare.scope,
+        sensitivity=phi,
+        entropy=entropy,
+        generator=_generator(seed),
+        **_rule(stare, params, gate_on=params.gate_on),
+    )
+    return (omega if params.gate_on else None), stats.selected
+
+
+@dataclass(frozen=True)
+class TokenSelection:
+    """STARE's selection as one step makes it: its timing, and the calls the step runner and the loss make."""
+
+    algorithm: AlgorithmConfig
+    timing: SelectionTiming
+    group_size: int
+
+    @classmethod
+    def resolve(cls, algorithm: AlgorithmConfig, *, group_size: int) -> TokenSelection:
+        return cls(algorithm=algorithm, timing=selection_timing(algorithm.stare), group_size=group_size)
+
+    @property
+    def reselect(self) -> bool:
+        """Made again before every optimizer step after the first."""
+        return self.timing is SelectionTiming.OPTIMIZER_STEP
+
+    @property
+    def in_loss(self) -> bool:
+        """Made inside each micro-batch's loss."""
+        return self.timing is SelectionTiming.MICRO_BATCH
+
+    def loss_forward_needs(self) -> tuple[bool, bool]:
+        """(Phi, entropy): what a selection made inside the loss reads from the micro-batch's own forward."""
+        stare = self.algorithm.stare
+        if not (self.in_loss and stare.surprisal_source == "current"):
+            return False, False
+        selector = STARE_SELECTORS[stare.selector]
+        return selector.needs_phi, selector.needs_entropy
+
+    def over_step(self, scores: TokenScores, batch: RolloutBatch, params: StepParams, *, seed: int) -> Selection:
+        """The selection over the step's batch (gathered across ranks), from ``scores``."""
+        omega, stats = step_selection(
+            scores.logprobs,
+            batch.advantages,
+            batch.response_mask,
+            scores.phi,
+            self.algorithm,
+            params,
+            group_size=self.group_size,
+            entropy=scores.entropy,
+            seed=seed,
+        )
+        return Selection(batch.advantages, batch.response_mask, scores.phi, omega, stats.selected)
+
+    def in_micro_batch(
+        self, part: Experience, stats: TokenStats, old_logprobs: Tensor, params: StepParams, *, seed: int
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(omega, selected) the loss of ``part`` applies: its slice of the step's selection, or one made here
+        from this forward's statistics ``stats`` (the current policy) or the scoring pass's (``part``)."""
+        current_phi, current_entropy = self.loss_forward_needs()
+        return micro_batch_stare_weights(
+            self.algorithm,
+            advantages=part.advantages,
+            mask=part.response_mask,
+            current_logprobs=stats.logprobs.detach(),
+            old_logprobs=old_logprobs,
+            step_omega=part.stare_weights,
+            step_selected=part.stare_selected,
+            params=params,
+            phi=_sensitivity(stats) if current_phi else part.phi,
+            entropy=stats.entropy.detach() if current_entropy else part.entropy,
+            seed=seed,
+        )
+
+
+def _sensitivity(stats: TokenStats) -> Tensor:
+    return entropy_sensitivity(
+        stats.logprobs.detach(), stats.entropy.detach(), stats.sum_p2.detach(), stats.sum_p2_logp.detach()
+    )
