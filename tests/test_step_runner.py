@@ -2,8 +2,9 @@
 
 Each test checks the runner against a reference computed another way: the on-policy gradient against
 -A log pi summed over rows forwarded one at a time, the optimizer steps of PPO epochs and mini-batches against
-the rows they must cover, two gloo ranks with unequal micro-batch counts (zero-weight fillers) against one
-process holding every row, and the plan against the config it is resolved from.
+the rows they must cover, the mismatch correction's token weights against min(pi_train / pi_rollout, cap), two gloo
+ranks with unequal micro-batch counts (zero-weight fillers) against one process holding every row, and the plan
+against the config it is resolved from.
 """
 
 from __future__ import annotations
@@ -155,6 +156,37 @@ def test_an_on_policy_step_is_the_policy_gradient_of_its_rows(policy):
         assert torch.allclose(result.scores.logprobs[row, : len(lp)], lp.detach(), atol=1e-5)
     assert result.params.gate_on is False and len(result.selections) == 1  # what STARE would have selected
     assert sum(float(s["tokens"]) for s in result.micro_batch_sums) == tokens
+
+
+def test_token_mismatch_correction_weights_each_token_by_its_capped_ratio(policy):
+    """algorithm.mismatch_correction=token: each token's loss is weighted by min(pi_train / pi_rollout, cap), the
+    engine's log-prob being what it reported (-1 nats for every token here). The weights are computed here from that
+    definition, the cap set between the ratios so that some tokens are capped and some not; the step's gradient is
+    that of -sum(A w log pi) / tokens (ratio 1, w carrying no gradient)."""
+    prompts, responses, advantages = _rows(policy.config.vocab_size)
+    batch = on_policy_experience(prompts, responses, advantages, n=N)
+    assert (batch.rollout_logprobs[batch.response_mask.bool()] == -1.0).all()
+    with torch.no_grad():
+        ratios = [torch.exp(lp - -1.0) for lp in _reference_logprobs(policy, prompts, responses)]
+    cap = float(torch.cat(ratios).median())
+    weights = [ratio.clamp(max=cap) for ratio in ratios]
+    capped = sum(int((ratio > cap).sum()) for ratio in ratios)
+    assert 0 < capped < sum(len(r) for r in responses)  # both sides of the cap are exercised
+
+    alg = AlgorithmConfig(mismatch_correction="token", mismatch_cap=cap)
+    recorder = GradientRecorder(policy)
+    runner = StepRunner(_plan(alg, micro_batch_tokens=20), alg, verifiers=None, sampling=None, pad_token_id=0,
+                        policy=policy, optimizer_step=recorder)  # fmt: skip
+    runner.learn(_collection(batch), seed=1)
+    assert len(recorder.grads) == 1
+
+    logprobs = _reference_logprobs(policy, prompts, responses)
+    tokens = sum(len(r) for r in responses)
+    reference_loss = -sum(a * (w * lp).sum() for a, w, lp in zip(advantages, weights, logprobs)) / tokens
+    policy.zero_grad()
+    reference_loss.backward()
+    for name, p in policy.named_parameters():
+        assert torch.allclose(recorder.grads[0][name], p.grad, atol=1e-7, rtol=1e-4), name
 
 
 def test_epochs_and_mini_batches_cover_every_row_once_per_epoch(policy):
