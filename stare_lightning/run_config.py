@@ -186,6 +186,3 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
-
-
-register_schema()

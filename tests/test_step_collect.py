@@ -13,7 +13,7 @@ import torch
 from stare_lightning.algorithms import AlgorithmConfig
 from stare_lightning.rewards import VerifierPool
 from stare_lightning.rollout.base import Rollouts, SamplingParams
-from stare_lightning.step import collect
+from stare_lightning.step.collect import collect
 
 N = 4
 

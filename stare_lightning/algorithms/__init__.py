@@ -4,59 +4,38 @@ Nothing here imports Lightning; every function works on plain tensors and is tes
 reference loops in tests/test_algorithms_*.py.
 """
 
-from stare_lightning.algorithms.advantages import compute_advantages, overlong_penalty, zero_variance_groups
-from stare_lightning.algorithms.config import AlgorithmConfig, STAREConfig
-from stare_lightning.algorithms.entropy_control import (
-    AdaptiveEntropyCoefficient,
-    clip_cov_mask,
-    kl_cov_penalty,
-    token_covariance,
-    top_entropy_mask,
-)
-from stare_lightning.algorithms.objective import policy_loss
-from stare_lightning.algorithms.sensitivity import entropy_sensitivity, predicted_entropy_change
-from stare_lightning.algorithms.stare import STAREStats, stare_token_weights, stare_weights_for_scope
-from stare_lightning.algorithms.stare_controller import STAREController, StepParams
-from stare_lightning.algorithms.surrogates import (
-    LossNormalizer,
-    SurrogateStats,
-    aggregate_loss,
-    broadcast_advantages,
-    clipped_surrogate,
-    entropy_bonus,
-    kl_penalty,
-)
-from stare_lightning.algorithms.token_stats import TokenStats, token_stats_from_hidden, token_stats_from_logits
-from stare_lightning.algorithms.token_weights import micro_batch_token_weights
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = [
-    "AdaptiveEntropyCoefficient",
-    "AlgorithmConfig",
-    "LossNormalizer",
-    "STAREController",
-    "STAREConfig",
-    "STAREStats",
-    "StepParams",
-    "SurrogateStats",
-    "TokenStats",
-    "aggregate_loss",
-    "broadcast_advantages",
-    "clip_cov_mask",
-    "clipped_surrogate",
-    "compute_advantages",
-    "entropy_bonus",
-    "entropy_sensitivity",
-    "kl_cov_penalty",
-    "kl_penalty",
-    "micro_batch_token_weights",
-    "overlong_penalty",
-    "policy_loss",
-    "predicted_entropy_change",
-    "stare_token_weights",
-    "stare_weights_for_scope",
-    "token_covariance",
-    "token_stats_from_hidden",
-    "token_stats_from_logits",
-    "top_entropy_mask",
-    "zero_variance_groups",
-]
+_EXPORTS = {
+    "compute_advantages": "stare_lightning.algorithms.advantages",
+    "overlong_penalty": "stare_lightning.algorithms.advantages",
+    "zero_variance_groups": "stare_lightning.algorithms.advantages",
+    "AlgorithmConfig": "stare_lightning.algorithms.config",
+    "STAREConfig": "stare_lightning.algorithms.config",
+    "AdaptiveEntropyCoefficient": "stare_lightning.algorithms.entropy_control",
+    "clip_cov_mask": "stare_lightning.algorithms.entropy_control",
+    "kl_cov_penalty": "stare_lightning.algorithms.entropy_control",
+    "token_covariance": "stare_lightning.algorithms.entropy_control",
+    "top_entropy_mask": "stare_lightning.algorithms.entropy_control",
+    "policy_loss": "stare_lightning.algorithms.objective",
+    "entropy_sensitivity": "stare_lightning.algorithms.sensitivity",
+    "predicted_entropy_change": "stare_lightning.algorithms.sensitivity",
+    "STAREStats": "stare_lightning.algorithms.stare",
+    "stare_token_weights": "stare_lightning.algorithms.stare",
+    "stare_weights_for_scope": "stare_lightning.algorithms.stare",
+    "STAREController": "stare_lightning.algorithms.stare_controller",
+    "StepParams": "stare_lightning.algorithms.stare_controller",
+    "LossNormalizer": "stare_lightning.algorithms.surrogates",
+    "SurrogateStats": "stare_lightning.algorithms.surrogates",
+    "aggregate_loss": "stare_lightning.algorithms.surrogates",
+    "broadcast_advantages": "stare_lightning.algorithms.surrogates",
+    "clipped_surrogate": "stare_lightning.algorithms.surrogates",
+    "entropy_bonus": "stare_lightning.algorithms.surrogates",
+    "kl_penalty": "stare_lightning.algorithms.surrogates",
+    "TokenStats": "stare_lightning.algorithms.token_stats",
+    "token_stats_from_hidden": "stare_lightning.algorithms.token_stats",
+    "token_stats_from_logits": "stare_lightning.algorithms.token_stats",
+    "micro_batch_token_weights": "stare_lightning.algorithms.token_weights",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

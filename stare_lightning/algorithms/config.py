@@ -14,17 +14,40 @@ source, timing of the adaptive schedule) are settings here, with the project's d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS, AdaptiveEntropyCoefficient
-from stare_lightning.algorithms.policy_losses import POLICY_LOSSES
-from stare_lightning.algorithms.rollout_correction import MISMATCH_LEVELS, MISMATCH_MODES
-from stare_lightning.algorithms.selectors import STARE_SELECTORS
-from stare_lightning.algorithms.stare import STARE_SCOPES, STARE_VARIANTS
-from stare_lightning.algorithms.stare_controller import STARE_TIMINGS, STAREController
-from stare_lightning.algorithms.surrogates import AGGREGATION_MODES, KL_ESTIMATORS
-from stare_lightning.config.checks import choice, flag, number, text
+from stare_lightning.config.checks import choice, flag, number, registered_choice, text
+
+if TYPE_CHECKING:
+    from stare_lightning.algorithms.entropy_control import AdaptiveEntropyCoefficient
+    from stare_lightning.algorithms.stare_controller import STAREController
+
+
+def _module(name: str):
+    """An implementation module of this package, imported when a choice must be looked up in it (never when this
+    schema is imported or built with its defaults: reading the run's schema loads no torch)."""
+    return importlib.import_module(f"stare_lightning.algorithms.{name}")
+
+
+def _stare():
+    return _module("stare")
+
+
+def _selectors():
+    return _module("selectors").STARE_SELECTORS
+
+
+def _controller():
+    return _module("stare_controller")
+
+
+def _registered(config, prefix: str, name: str, names) -> None:
+    """``registered_choice`` of field ``name`` of ``config``, against the schema's default for it."""
+    default = next(f.default for f in fields(config) if f.name == name)
+    registered_choice(f"{prefix}{name}", getattr(config, name), default=default, names=names)
+
 
 __all__ = ["SURPRISAL_SOURCES", "AlgorithmConfig", "STAREConfig"]
 
@@ -83,18 +106,18 @@ class STAREConfig:
         p = "algorithm.stare."
         flag(f"{p}enabled", self.enabled)
         flag(f"{p}adaptive", self.adaptive)
-        choice(f"{p}variant", self.variant, STARE_VARIANTS)
+        _registered(self, p, "variant", lambda: _stare().STARE_VARIANTS)
         number(f"{p}top_ratio", self.top_ratio, low=0.0, high=1.0)
         number(f"{p}w", self.w, low=0.0, low_open=True)
         number(f"{p}m", self.m, low=0.0, low_open=True)
         number(f"{p}target_entropy", self.target_entropy, low=0.0)
-        choice(f"{p}selector", self.selector, STARE_SELECTORS.names())
-        choice(f"{p}scope", self.scope, STARE_SCOPES)
+        _registered(self, p, "selector", lambda: _selectors().names())
+        _registered(self, p, "scope", lambda: _stare().STARE_SCOPES)
         choice(f"{p}surprisal_source", self.surprisal_source, SURPRISAL_SOURCES)
         number(f"{p}alpha", self.alpha, low=0.0)
         number(f"{p}w_max", self.w_max, low=1.0)
         number(f"{p}m_min", self.m_min, low=0.0, high=1.0, low_open=True)
-        choice(f"{p}timing", self.timing, STARE_TIMINGS)
+        _registered(self, p, "timing", lambda: _controller().STARE_TIMINGS)
         choice(f"{p}k_rounding", self.k_rounding, ("ceil", "reference"))
         choice(f"{p}tie_order", self.tie_order, ("position", "topk"))
         flag(f"{p}gate_starts_open", self.gate_starts_open)
@@ -104,6 +127,8 @@ class STAREConfig:
 
     def make_controller(self) -> STAREController:
         """A fresh controller with these settings."""
+        from stare_lightning.algorithms.stare_controller import STAREController
+
         return STAREController(
             target_entropy=self.target_entropy,
             w=self.w,
@@ -118,7 +143,7 @@ class STAREConfig:
 
     def needs_sensitivity(self) -> bool:
         """Whether the logits pass must also return sum pi^2 and sum pi^2 log pi."""
-        return self.enabled and STARE_SELECTORS[self.selector].needs_phi
+        return self.enabled and _selectors()[self.selector].needs_phi
 
 
 @dataclass
@@ -211,16 +236,16 @@ class AlgorithmConfig:
             )
         p = "algorithm."
         text(f"{p}name", self.name)
-        choice(f"{p}advantage", self.advantage, ADVANTAGE_ESTIMATORS.names())
-        choice(f"{p}policy_loss", self.policy_loss, POLICY_LOSSES.names())
+        _registered(self, p, "advantage", lambda: _module("advantages").ADVANTAGE_ESTIMATORS.names())
+        _registered(self, p, "policy_loss", lambda: _module("policy_losses").POLICY_LOSSES.names())
         number(f"{p}adv_eps", self.adv_eps, low=0.0)
         number(f"{p}clip_eps_low", self.clip_eps_low, low=0.0, high=1.0)
         number(f"{p}clip_eps_high", self.clip_eps_high, low=0.0)
         if self.dual_clip_c is not None:
             number(f"{p}dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
-        choice(f"{p}loss_agg", self.loss_agg, AGGREGATION_MODES)
+        _registered(self, p, "loss_agg", lambda: _module("surrogates").AGGREGATION_MODES)
         number(f"{p}kl_coef", self.kl_coef, low=0.0)
-        choice(f"{p}kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _registered(self, p, "kl_estimator", lambda: _module("surrogates").KL_ESTIMATORS)
         number(f"{p}entropy_coef", self.entropy_coef, low=0.0)
         if self.entropy_target is not None:
             number(f"{p}entropy_target", self.entropy_target, low=0.0)
@@ -231,7 +256,7 @@ class AlgorithmConfig:
                 f"{p}entropy_coef={self.entropy_coef!r} is out of range: with entropy_target set it must "
                 f"be <= entropy_coef_max={self.entropy_coef_max}"
             )
-        choice(f"{p}entropy_control", self.entropy_control, ENTROPY_CONTROLS.names())
+        _registered(self, p, "entropy_control", lambda: _module("entropy_control").ENTROPY_CONTROLS.names())
         number(f"{p}clip_cov_ratio", self.clip_cov_ratio, low=0.0, high=1.0, low_open=True)
         number(f"{p}clip_cov_lb", self.clip_cov_lb)
         number(f"{p}clip_cov_ub", self.clip_cov_ub)
@@ -256,8 +281,8 @@ class AlgorithmConfig:
         number(f"{p}overlong_penalty_factor", self.overlong_penalty_factor, low=0.0)
         number(f"{p}ppo_epochs", self.ppo_epochs, low=1, integer=True)
         number(f"{p}mini_batches", self.mini_batches, low=1, integer=True)
-        choice(f"{p}mismatch_correction", self.mismatch_correction, ("none", *MISMATCH_LEVELS))
-        choice(f"{p}mismatch_mode", self.mismatch_mode, MISMATCH_MODES)
+        _registered(self, p, "mismatch_correction", lambda: ("none", *_module("rollout_correction").MISMATCH_LEVELS))
+        _registered(self, p, "mismatch_mode", lambda: _module("rollout_correction").MISMATCH_MODES)
         number(f"{p}mismatch_cap", self.mismatch_cap, low=0.0, low_open=True)
 
     def _check_semantics(self) -> None:
@@ -341,6 +366,8 @@ class AlgorithmConfig:
         """The adaptive entropy coefficient when ``entropy_target`` is set, else None (a fixed coefficient)."""
         if self.entropy_target is None:
             return None
+        from stare_lightning.algorithms.entropy_control import AdaptiveEntropyCoefficient
+
         return AdaptiveEntropyCoefficient(
             target=self.entropy_target,
             init_coef=self.entropy_coef,

@@ -1,9 +1,13 @@
 """Callbacks: entropy guard, rollout sample dump, end-of-fit summary, final-state checkpoint, step progress bar."""
 
-from stare_lightning.callbacks.entropy_guard import EntropyGuard
-from stare_lightning.callbacks.final_checkpoint import FinalStateCheckpoint
-from stare_lightning.callbacks.progress import StepProgressBar
-from stare_lightning.callbacks.run_summary import RunSummary
-from stare_lightning.callbacks.sample_dump import RolloutSampleDump
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = ["EntropyGuard", "FinalStateCheckpoint", "RolloutSampleDump", "RunSummary", "StepProgressBar"]
+_EXPORTS = {
+    "EntropyGuard": "stare_lightning.callbacks.entropy_guard",
+    "FinalStateCheckpoint": "stare_lightning.callbacks.final_checkpoint",
+    "StepProgressBar": "stare_lightning.callbacks.progress",
+    "RunSummary": "stare_lightning.callbacks.run_summary",
+    "RolloutSampleDump": "stare_lightning.callbacks.sample_dump",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = ["choice", "flag", "number", "recorded_rules", "text"]
@@ -52,6 +52,16 @@ def choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
     _note(key, f"one of [{', '.join(_show(a) for a in allowed)}]")
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not allowed: choose one of [{', '.join(_show(a) for a in allowed)}]")
+
+
+def registered_choice(key: str, value: Any, *, default: Any, names: Callable[[], Iterable[Any]]) -> None:
+    """``choice`` against names only the implementations know (a registry, a module's constants), fetched by
+    ``names()`` unless ``value`` is the schema's own ``default``: building a default schema (Hydra does, to compose)
+    then imports no implementation. Defaults are checked against their registries by test
+    (tests/test_algorithms_config.py); while rules are recorded (the reference pages) the names are always read."""
+    if value == default and not _recorders:
+        return
+    choice(key, value, names())
 
 
 def flag(key: str, value: Any) -> None:

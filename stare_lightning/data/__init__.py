@@ -4,24 +4,21 @@ The DataModule streams prompt records only; rollouts happen in the training step
 from :mod:`stare_lightning.rewards`.
 """
 
-from .config import DataConfig
-from .datamodule import PromptDataModule
-from .prompts import encode_prompt, render_prompt
-from .recipes import RECIPES, prepare
-from .records import DataError, PromptRecord, load_records
-from .tasks import build_records, sft_examples, task_names
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = [
-    "DataConfig",
-    "DataError",
-    "PromptDataModule",
-    "PromptRecord",
-    "RECIPES",
-    "build_records",
-    "encode_prompt",
-    "load_records",
-    "prepare",
-    "render_prompt",
-    "sft_examples",
-    "task_names",
-]
+_EXPORTS = {
+    "DataConfig": ".config",
+    "PromptDataModule": ".datamodule",
+    "encode_prompt": ".prompts",
+    "render_prompt": ".prompts",
+    "RECIPES": ".recipes",
+    "prepare": ".recipes",
+    "DataError": ".records",
+    "PromptRecord": ".records",
+    "load_records": ".records",
+    "build_records": ".tasks",
+    "sft_examples": ".tasks",
+    "task_names": ".tasks",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

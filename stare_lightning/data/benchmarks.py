@@ -12,43 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..config.checks import number, text
 from ..rollout.base import SamplingParams
 from ..rollout.config import RolloutConfig
+from .config import ValSetConfig
 from .records import PromptRecord
 
 SOURCE_KEY = "data_source"
-
-
-@dataclass
-class ValSetConfig:
-    """Sampling of the benchmark ``name``; a null key takes the rollout group's validation setting."""
-
-    name: str = ""
-    """The benchmark: a record's `metadata.data_source`, else its validation file's stem."""
-    n: int | None = None
-    """Samples per problem (avg@n, pass@k, maj@n); null: `rollout.val_n`."""
-    temperature: float | None = None
-    """Sampling temperature; null: `rollout.val_temperature`."""
-    top_p: float | None = None
-    """Nucleus sampling threshold; null: `rollout.val_top_p`."""
-    max_new_tokens: int | None = None
-    """Longest response; null: `rollout.max_new_tokens`."""
-
-    def check(self, key: str) -> None:
-        text(f"{key}.name", self.name)
-        if self.n is not None:
-            number(f"{key}.n", self.n, low=1, integer=True)
-        if self.temperature is not None:
-            number(f"{key}.temperature", self.temperature, low=0.0, low_open=True)
-        if self.top_p is not None:
-            number(f"{key}.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        if self.max_new_tokens is not None:
-            number(f"{key}.max_new_tokens", self.max_new_tokens, low=1, integer=True)
 
 
 def benchmark_of(record: PromptRecord) -> str:

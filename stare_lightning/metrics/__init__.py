@@ -2,50 +2,36 @@
 
 Every ``compute()`` returns a flat dict keyed by the project's metric names without the ``train/`` or
 ``val/`` prefix, which the caller adds. ``telemetry`` composes them into the per-step training and the
-per-epoch validation telemetry. Plotting of logged runs lives in ``stare_lightning.metrics.plots`` (not
-imported here, to keep matplotlib and pandas out of training imports).
+per-epoch validation telemetry. Loading and plotting logged runs is ``stare_lightning.analysis``'s (a layer above:
+nothing here may import it).
 """
 
-from stare_lightning.metrics.accuracy import AvgAtN, DistinctCorrect, MajorityAtN, PassAtK
-from stare_lightning.metrics.base import TelemetryMetric
-from stare_lightning.metrics.entropy import EntropyForecast, QuadrantMass, SameBatchEntropyChange, TokenEntropy
-from stare_lightning.metrics.functional import DEFAULT_REFLECTION_WORDS, QUADRANT_DEFINITIONS, QUADRANTS
-from stare_lightning.metrics.step_stats import (
-    ClipFraction,
-    FracZeroStdGroups,
-    GateRate,
-    GradNorm,
-    ResponseLength,
-    RewardStats,
-    RolloutCounters,
-    SelectedFraction,
-    TruncatedFraction,
-    UpdateLoss,
-)
-from stare_lightning.metrics.text import ReflectionWords
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = [
-    "AvgAtN",
-    "ClipFraction",
-    "DEFAULT_REFLECTION_WORDS",
-    "DistinctCorrect",
-    "EntropyForecast",
-    "FracZeroStdGroups",
-    "GateRate",
-    "GradNorm",
-    "MajorityAtN",
-    "PassAtK",
-    "QUADRANTS",
-    "QUADRANT_DEFINITIONS",
-    "QuadrantMass",
-    "SameBatchEntropyChange",
-    "ReflectionWords",
-    "ResponseLength",
-    "RewardStats",
-    "RolloutCounters",
-    "SelectedFraction",
-    "TelemetryMetric",
-    "TokenEntropy",
-    "TruncatedFraction",
-    "UpdateLoss",
-]
+_EXPORTS = {
+    "AvgAtN": "stare_lightning.metrics.accuracy",
+    "DistinctCorrect": "stare_lightning.metrics.accuracy",
+    "MajorityAtN": "stare_lightning.metrics.accuracy",
+    "PassAtK": "stare_lightning.metrics.accuracy",
+    "TelemetryMetric": "stare_lightning.metrics.base",
+    "EntropyForecast": "stare_lightning.metrics.entropy",
+    "QuadrantMass": "stare_lightning.metrics.entropy",
+    "SameBatchEntropyChange": "stare_lightning.metrics.entropy",
+    "TokenEntropy": "stare_lightning.metrics.entropy",
+    "DEFAULT_REFLECTION_WORDS": "stare_lightning.metrics.functional",
+    "QUADRANT_DEFINITIONS": "stare_lightning.metrics.functional",
+    "QUADRANTS": "stare_lightning.metrics.functional",
+    "ClipFraction": "stare_lightning.metrics.step_stats",
+    "FracZeroStdGroups": "stare_lightning.metrics.step_stats",
+    "GateRate": "stare_lightning.metrics.step_stats",
+    "GradNorm": "stare_lightning.metrics.step_stats",
+    "ResponseLength": "stare_lightning.metrics.step_stats",
+    "RewardStats": "stare_lightning.metrics.step_stats",
+    "RolloutCounters": "stare_lightning.metrics.step_stats",
+    "SelectedFraction": "stare_lightning.metrics.step_stats",
+    "TruncatedFraction": "stare_lightning.metrics.step_stats",
+    "UpdateLoss": "stare_lightning.metrics.step_stats",
+    "ReflectionWords": "stare_lightning.metrics.text",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -8,14 +8,15 @@ Any ``package.module:function`` with the signature ``(response, answer, metadata
 Score through :class:`VerifierPool` in training: it is the only place with a hard timeout.
 """
 
-from .pool import ScoreResult, VerifierPool
-from .registry import check_record, get_verifier, is_user_verifier_name, known_verifiers
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = [
-    "ScoreResult",
-    "VerifierPool",
-    "check_record",
-    "get_verifier",
-    "is_user_verifier_name",
-    "known_verifiers",
-]
+_EXPORTS = {
+    "ScoreResult": ".pool",
+    "VerifierPool": ".pool",
+    "check_record": ".registry",
+    "get_verifier": ".registry",
+    "is_user_verifier_name": ".registry",
+    "known_verifiers": ".registry",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -8,27 +8,24 @@ calls and the optimizer steps live in ``runner.py``, STARE's gate and token sele
 what the step does, resolved once from the config, in ``plan.py``.
 """
 
-from stare_lightning.step.batch import Experience, RolloutBatch, build_rollout_batch, micro_batches, mini_batch_rows
-from stare_lightning.step.collect import Collection, CollectionStats, collect, score_rollouts, verify
-from stare_lightning.step.loss import MicroBatchLoss, micro_batch_loss
-from stare_lightning.step.normalizer import step_normalizer
-from stare_lightning.step.scoring import TokenScores, response_token_stats, score_batch
+from stare_lightning.lazy_exports import lazy_exports
 
-__all__ = [
-    "Collection",
-    "CollectionStats",
-    "Experience",
-    "RolloutBatch",
-    "TokenScores",
-    "build_rollout_batch",
-    "collect",
-    "MicroBatchLoss",
-    "micro_batch_loss",
-    "micro_batches",
-    "mini_batch_rows",
-    "response_token_stats",
-    "score_batch",
-    "score_rollouts",
-    "step_normalizer",
-    "verify",
-]
+_EXPORTS = {
+    "Experience": "stare_lightning.step.batch",
+    "RolloutBatch": "stare_lightning.step.batch",
+    "build_rollout_batch": "stare_lightning.step.batch",
+    "micro_batches": "stare_lightning.step.batch",
+    "mini_batch_rows": "stare_lightning.step.batch",
+    "Collection": "stare_lightning.step.collect",
+    "CollectionStats": "stare_lightning.step.collect",
+    "score_rollouts": "stare_lightning.step.collect",
+    "verify": "stare_lightning.step.collect",
+    "MicroBatchLoss": "stare_lightning.step.loss",
+    "micro_batch_loss": "stare_lightning.step.loss",
+    "step_normalizer": "stare_lightning.step.normalizer",
+    "TokenScores": "stare_lightning.step.scoring",
+    "response_token_stats": "stare_lightning.step.scoring",
+    "score_batch": "stare_lightning.step.scoring",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stare_lightning.config.checks import flag, number
-from stare_lightning.step.forward import ForwardLayout
+
+if TYPE_CHECKING:
+    from stare_lightning.step.forward import ForwardLayout
 
 
 @dataclass
@@ -38,6 +41,8 @@ class ForwardConfig:
             )
 
     def layout(self) -> ForwardLayout:
+        from stare_lightning.step.forward import ForwardLayout  # torch: only when a step is planned
+
         return ForwardLayout(
             packed=self.packed_sequences, fused_head=self.fused_lm_head, share_prompts=self.share_prompts
         )

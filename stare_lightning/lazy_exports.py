@@ -1,0 +1,34 @@
+"""Package namespaces that import their members on first use (PEP 562).
+
+A package's ``__init__`` names what it offers (``from stare_lightning.step import micro_batch_loss``) without
+importing it: the config schemas sit inside the packages they configure, and importing a schema must not load
+torch, Lightning or transformers with the package's implementations (``run_config`` is read before anything heavy
+runs). A name is imported from its module the first time it is asked for, then kept in the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list]]:
+    """``(__getattr__, __dir__)`` for ``package`` whose public ``name`` lives in module ``exports[name]``
+    (absolute, or relative to the package). A name may not be one of the package's submodules: importing that
+    submodule would replace the name with the module."""
+
+    def __getattr__(name: str) -> object:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(exports) | set(vars(sys.modules[package])))
+
+    return __getattr__, __dir__
