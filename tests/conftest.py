@@ -24,14 +24,15 @@ from tests.needs import require
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Caches that tests and the processes they start would otherwise write under the home directory or /tmp. They go
-# under the session's directory instead (set before anything imports vLLM, torch's compiler or matplotlib).
+# Caches and state that tests and the processes they start would otherwise write under the home directory or /tmp.
+# They go under the session's directory instead (set before anything imports vLLM, torch's compiler or matplotlib).
 CACHE_VARIABLES = {
     "XDG_CACHE_HOME": "xdg_cache",  # Hugging Face (datasets), pip, and what else follows the XDG layout
     "VLLM_CACHE_ROOT": "vllm",  # vLLM's torch.compile artefacts
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
     "TRITON_CACHE_DIR": "triton",
     "MPLCONFIGDIR": "matplotlib",
+    "IPYTHONDIR": "ipython",  # the notebook tests' kernels: profile and history
 }
 # Directories the checkout may gain without a test having written them: the environment, bytecode, pytest's own
 # cache, and ruff's (`make test` lints first).
