@@ -168,6 +168,13 @@ def concatenate(batches: list[Rows], *, pad_token_id: int) -> Rows:
     return replace(batches[0], prompt_width=prompt_width, **merged)
 
 
+def filler_micro_batch(batch: Rows) -> Rows:
+    """What a rank runs when the others still have a micro-batch and it has none: its first row, trimmed. A sharded
+    policy's forward is a collective, so every rank runs as many; a filler's output is dropped (a no-grad pass) or
+    its loss weighted 0 (the update)."""
+    return batch.select(slice(0, 1)).trimmed()
+
+
 def micro_batches(batch: Rows, token_budget: int, *, packed: bool = False) -> Iterator[Rows]:
     """Consecutive rows grouped so that the tokens a forward computes stay within ``token_budget``: rows x
     longest row (in real tokens) when padded, the sum of the rows' real tokens when ``packed`` (padding-free).

@@ -30,7 +30,7 @@ from stare_lightning.algorithms import AdaptiveEntropyCoefficient, AlgorithmConf
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
-from stare_lightning.step.batch import Experience, RolloutBatch, micro_batches, mini_batch_rows
+from stare_lightning.step.batch import Experience, RolloutBatch, filler_micro_batch, micro_batches, mini_batch_rows
 from stare_lightning.step.collect import Collection, collect
 from stare_lightning.step.loss import MicroBatchLoss, micro_batch_loss
 from stare_lightning.step.normalizer import step_normalizer
@@ -195,10 +195,9 @@ class StepRunner:
         Ranks with fewer micro-batches (or none in a mini-batch) run a zero-weight filler micro-batch, so every
         rank runs the same forward/backward collectives. A non-finite loss on any rank skips the optimizer step.
         """
-        plan, forward = self.plan, self.plan.forward
-        budget, packed = forward.micro_batch_tokens, forward.layout.packed
+        plan = self.plan
         generator = torch.Generator().manual_seed(seed)
-        filler = next(micro_batches(experience.select(slice(0, 1)), budget, packed=packed))
+        filler = filler_micro_batch(experience)
         record = _Update(selections=[], micro_batch_sums=[], grad_norms=[])
         first_pass = [] if experience.old_logprobs is None else None
         for _ in range(plan.ppo_epochs):

@@ -18,7 +18,7 @@ from torch.nn.functional import pad
 from stare_lightning import distributed
 from stare_lightning.algorithms import TokenStats, entropy_sensitivity, token_stats_from_logits
 from stare_lightning.algorithms.entropy_change import entropy_change
-from stare_lightning.step.batch import RolloutBatch, Rows, micro_batches
+from stare_lightning.step.batch import RolloutBatch, Rows, filler_micro_batch, micro_batches
 from stare_lightning.step.forward import PADDED, ForwardLayout, micro_batch_logits, response_token_stats
 
 
@@ -54,8 +54,7 @@ def forwards_in_step(batch: Rows, micro_batch_tokens: int, *, packed: bool) -> t
     parts = list(micro_batches(batch, micro_batch_tokens, packed=packed))
     count = torch.tensor(float(len(parts)), device=batch.input_ids.device)
     most = int(distributed.all_reduce(count, dist.ReduceOp.MAX))
-    filler = batch.select(slice(0, 1)).trimmed()
-    return parts + [filler] * (most - len(parts)), len(parts)
+    return parts + [filler_micro_batch(batch)] * (most - len(parts)), len(parts)
 
 
 @torch.no_grad()
