@@ -70,7 +70,7 @@ test-fast: lint
 SEEDS ?= 1,2,3
 compare: install
 	$(WITH_ALLOCATOR) $(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 seed=$(SEEDS) summary=false hydra.sweep.dir=multirun/compare
-	$(PY) -m stare_lightning.compare multirun/compare --table multirun/compare/seed_statistics.csv
+	$(PY) -m stare_lightning.analysis.compare multirun/compare --table multirun/compare/seed_statistics.csv
 
 # The documentation site (MkDocs Material) from docs/ into site/, which git ignores. Strict: a broken link, anchor or
 # nav entry fails the build; the Reference pages are generated from the code (docs/_hooks/reference.py).

@@ -2,8 +2,8 @@
 # The offline default's trade-off study: GRPO-ds against STARE-O1 at the default W = 3, then STARE variants
 # (W = 2, C2 with M = 0.9, the adaptive W schedule), three seeds each (1, 2, 3: not seed 0, on which the default
 # was tuned), then the small summaries that notebooks/offline_tradeoff.ipynb reads and the seed statistics of
-# `python -m stare_lightning.compare`. About 6 minutes per run on an idle 2-core CPU, 15 runs; CHAINS=2 runs the
-# two halves side by side (the tiny model keeps about one core busy per run).
+# `python -m stare_lightning.analysis.compare`. About 6 minutes per run on an idle 2-core CPU, 15 runs; CHAINS=2
+# runs the two halves side by side (the tiny model keeps about one core busy per run).
 #   scripts/offline_tradeoff_study.sh [sweep directory (default multirun/offline_tradeoff)]
 set -euo pipefail
 OUT=${1:-multirun/offline_tradeoff}
@@ -28,6 +28,6 @@ else
   variants
 fi
 for sweep in "$OUT"/*/; do
-  "$PY" -m stare_lightning.metrics.plots summarize "$sweep" "$DATA/$(basename "$sweep")"
+  "$PY" -m stare_lightning.analysis.summaries "$sweep" "$DATA/$(basename "$sweep")"
 done
-"$PY" -m stare_lightning.compare "$OUT" --table "$DATA/seed_statistics.csv"  # the PNG stays beside the runs
+"$PY" -m stare_lightning.analysis.compare "$OUT" --table "$DATA/seed_statistics.csv"  # the PNG stays beside the runs

@@ -44,6 +44,6 @@ source "$(dirname "$0")/study_jobs.sh"
 run_study
 for arm in "${ORDER[@]}"; do
   ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
-  "$PY" -m stare_lightning.metrics.plots summarize "$OUT/$arm" "$DATA"
+  "$PY" -m stare_lightning.analysis.summaries "$OUT/$arm" "$DATA"
 done
-"$PY" -m stare_lightning.compare "$OUT" --tail 10 --table "$DATA/seed_statistics.csv"  # entropy: steps 90-99
+"$PY" -m stare_lightning.analysis.compare "$OUT" --tail 10 --table "$DATA/seed_statistics.csv"  # entropy: steps 90-99

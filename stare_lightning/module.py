@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from stare_lightning.algorithms import AlgorithmConfig
 from stare_lightning.data.benchmarks import benchmark_sampling
-from stare_lightning.evaluation.samples import sample_records
+from stare_lightning.data.samples import sample_records
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
 from stare_lightning.metrics.step_timer import StepTimer
 from stare_lightning.metrics.telemetry import TrainTelemetry, ValidationTelemetry, step_costs

@@ -1,14 +1,17 @@
-"""Seed statistics of `stare_lightning.compare` against independent computations on runs written here."""
+"""Seed statistics of `stare_lightning.analysis.compare` against independent computations on runs written here."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from stare_lightning.compare import find_runs, main, run_outcomes, seed_statistics, t_quantile_975
+from stare_lightning.analysis.compare import find_runs, main, run_outcomes, seed_statistics
+from stare_lightning.analysis.student_t import t_quantile_975
 
 
 def _write_run(folder, algorithm: str, seed: int, entropy: list[float], val_avg: list[float], pass4: list[float]):
@@ -70,7 +73,8 @@ def test_arms_seeds_and_paired_differences(tmp_path):
     assert row["sd"] == pytest.approx(statistics.stdev(stare))
     # Paired over the seeds both ran (1-3): seed 4 has no partner.
     diffs = [entropy["stare_o1", s] - entropy["grpo_ds", s] for s in (1, 2, 3)]
-    half = 4.303 * statistics.stdev(diffs) / math.sqrt(3)
+    # Student's t with 2 degrees of freedom has a closed-form quantile: (2p - 1) / sqrt(2p(1 - p)), 4.30265 at 97.5%.
+    half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * statistics.stdev(diffs) / math.sqrt(3)
     assert row["pairs"] == 3
     assert row["diff"] == pytest.approx(statistics.mean(diffs))
     assert (row["diff_lo"], row["diff_hi"]) == pytest.approx(
@@ -115,3 +119,22 @@ def test_the_adaptive_schedule_is_an_arm_of_its_own(tmp_path):
         (folder / "hparams.yaml").write_text(yaml.safe_dump(logged))
         (folder / "metrics.csv").write_text("step,train/entropy\n0,0.5\n")
     assert sorted(r.arm for r in find_runs(tmp_path)) == ["stare_o1", "stare_o1_adaptive"]
+
+
+def test_the_old_command_name_runs_the_same_comparison(tmp_path):
+    """``python -m stare_lightning.compare``, the name scripts and notes written before the move use, is the same
+    command as ``python -m stare_lightning.analysis.compare``: the same table, the CSV and the PNG."""
+    for algorithm in ("grpo_ds", "stare_o1"):
+        for seed in (1, 2):
+            entropy = [0.1 * seed + (0.2 if algorithm == "stare_o1" else 0.0)] * 4
+            _write_run(tmp_path / "sweep" / f"{algorithm}_seed{seed}", algorithm, seed, entropy, [0.5] * 2, [0.7] * 2)
+    printed = {}
+    for module in ("stare_lightning.compare", "stare_lightning.analysis.compare"):
+        table = tmp_path / module / "seed_statistics.csv"
+        command = [sys.executable, "-m", module, str(tmp_path / "sweep"), "--table", str(table)]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert table.is_file() and (tmp_path / "sweep" / "comparison.png").is_file()
+        printed[module] = done.stdout.replace(str(table), "<table>")
+    assert "| stare_o1 | entropy | 2 | 0.350 +- 0.071 | +0.200 [+0.200, +0.200] |" in printed["stare_lightning.compare"]
+    assert printed["stare_lightning.compare"] == printed["stare_lightning.analysis.compare"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.evaluation import benchmark_results, markdown_table, pass_at_k
+from stare_lightning.evaluation import benchmark_results, markdown_table
+from stare_lightning.metrics import PassAtK
 from stare_lightning.rewards import VerifierPool
 from stare_lightning.rewards.majority import answer_key, majority_correct, winning_vote
 from tests.test_fit import FAST, read_metrics, run_cli
@@ -19,11 +20,6 @@ from tests.test_fit import FAST, read_metrics, run_cli
 
 def naive_pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-@pytest.mark.parametrize("n, c, k", [(4, 0, 1), (4, 1, 2), (8, 3, 4), (32, 5, 16), (5, 5, 5), (32, 1, 32)])
-def test_pass_at_k_equals_the_binomial_form(n, c, k):
-    assert pass_at_k(n, c, k) == pytest.approx(naive_pass_at_k(n, c, k), abs=1e-12)
 
 
 def _samples(scores: dict[str, list[float]], majority: dict[str, bool]) -> list[dict]:
@@ -40,6 +36,27 @@ def _samples(scores: dict[str, list[float]], majority: dict[str, bool]) -> list[
         for pid, row in scores.items()
         for j, s in enumerate(row)
     ]
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 0, 1), (4, 1, 2), (8, 3, 4), (32, 5, 16), (5, 5, 5), (32, 1, 32)])
+def test_pass_at_k_equals_the_binomial_form(n, c, k):
+    """One problem, ``c`` of ``n`` samples correct: the report's pass@k against 1 - C(n - c, k) / C(n, k)."""
+    got = benchmark_results(_samples({"p": [1] * c + [0] * (n - c)}, {"p": False}), pass_k=[k])
+    assert got[f"pass@{k}"] == pytest.approx(naive_pass_at_k(n, c, k), abs=1e-12)
+
+
+def test_the_report_and_the_logged_metric_give_the_same_pass_at_k():
+    """``evaluate``'s results.json and the ``val/pass@k`` a fit logs, on the same problems, to the last bit."""
+    import torch
+
+    correct = {"p1": 0, "p2": 3, "p3": 7, "p4": 8, "p5": 1}
+    scores = {pid: [1] * c + [0] * (8 - c) for pid, c in correct.items()}
+    report = benchmark_results(_samples(scores, dict.fromkeys(scores, False)), pass_k=[1, 2, 5, 8, 16])
+    metric = PassAtK(k=[1, 2, 5, 8])
+    metric.update(torch.tensor(list(correct.values())), 8)
+    logged = {key: float(value) for key, value in metric.compute().items()}
+    assert {key: report[key] for key in logged} == logged
+    assert "pass@16" not in report  # k above n: left out
 
 
 def test_benchmark_results_match_a_hand_computation():

@@ -316,7 +316,7 @@ def test_malformed_data_fails_before_any_model_is_prepared(tmp_path):
 
 def test_notebook_and_comparison_on_real_logs_of_two_runs(tmp_path, model_cache):
     """A `-m` sweep of GRPO-ds and STARE-O1 for a few steps, then the notebook and the comparison plot on its logs."""
-    from stare_lightning.compare import compare
+    from stare_lightning.analysis.compare import compare
     from tests.test_metrics_notebook import execute_notebook
 
     sweep = tmp_path / "sweep"

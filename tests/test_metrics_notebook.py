@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +75,7 @@ def write_fake_run(run_dir: Path, seed: int, steps: int = 30, name: str | None =
 
 
 def test_load_run_merges_sparse_rows_and_names_runs(tmp_path):
-    from stare_lightning.metrics.plots import load_run, load_runs
+    from stare_lightning.analysis.runs import load_run, load_runs
 
     named = write_fake_run(tmp_path / "logs" / "stare" / "version_0", seed=0, steps=20, name="stare-o1")
     write_fake_run(tmp_path / "logs" / "grpo" / "version_0", seed=1, steps=20)
@@ -179,7 +181,7 @@ def test_notebook_runs_on_its_committed_summaries(tmp_path, name, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    from stare_lightning.metrics.plots import load_runs
+    from stare_lightning.analysis.runs import load_runs
 
     data, expected_runs, figures = COMMITTED[name]
     committed = load_runs(NOTEBOOK.parent / data)
@@ -200,7 +202,8 @@ def test_notebook_runs_on_its_committed_summaries(tmp_path, name, monkeypatch):
 def test_summaries_of_a_sweep_keep_the_plotted_columns_and_name_runs(tmp_path):
     import yaml
 
-    from stare_lightning.metrics.plots import load_runs, summarize_sweep
+    from stare_lightning.analysis.runs import load_runs
+    from stare_lightning.analysis.summaries import summarize_sweep
 
     for index, (algorithm, adaptive, seed) in enumerate([("grpo_ds", False, 0), ("stare_o1", True, 1)]):
         logs = write_fake_run(tmp_path / "sweep" / f"{index}_job" / "logs", seed=seed, steps=12)
@@ -215,3 +218,17 @@ def test_summaries_of_a_sweep_keep_the_plotted_columns_and_name_runs(tmp_path):
     assert "epoch" not in summary.columns and set(summary.columns) <= set(full.columns)
     for column in ("train/entropy", "val/avg@n", "train/quadrant/exact/pos_high/dH"):
         assert np.allclose(summary[column].dropna(), full[column].dropna(), rtol=1e-5)
+    # The scripts' command writes the same summaries.
+    command = [
+        sys.executable,
+        "-m",
+        "stare_lightning.analysis.summaries",
+        str(tmp_path / "sweep"),
+        str(tmp_path / "cli"),
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(tmp_path / "cli" / p.name) for p in written]
+    assert all(
+        (tmp_path / "cli" / p.name / "metrics.csv").read_text() == (p / "metrics.csv").read_text() for p in written
+    )

@@ -115,7 +115,8 @@ class RunSummary(Callback):
         csv_dirs = [Path(lg.log_dir) for lg in trainer.loggers if isinstance(lg, CSVLogger)]
         if not csv_dirs or not (csv_dirs[0] / "metrics.csv").is_file():
             return None
-        from stare_lightning.metrics.plots import load_run, plot_runs
+        from stare_lightning.analysis.plots import plot_runs
+        from stare_lightning.analysis.runs import load_run
 
         out = Path(trainer.default_root_dir) / self.png_name
         plot_runs({Path(trainer.default_root_dir).name: load_run(csv_dirs[0])}, out)

@@ -6,7 +6,8 @@ can recompute every number from that file. A sample is correct when its score is
 - avg@n: the mean over problems of the share of correct samples (the paper's avg@n, pass@1 estimated
   from n samples); its 95% interval uses the normal approximation over problems: mean +- 1.96 s / sqrt(P),
   with s the sample standard deviation of the per-problem shares (0 width for a single problem).
-- pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k), averaged over problems, for k <= n.
+- pass@k: the unbiased estimator 1 - C(n - c, k) / C(n, k), averaged over problems, for k <= n; computed by
+  the function the logged ``val/pass@k`` metric uses (``metrics.functional``), so the two cannot disagree.
 - maj@n: the share of problems whose majority vote is correct (``rewards.majority``).
 """
 
@@ -16,12 +17,10 @@ import math
 from collections.abc import Iterable, Sequence
 from itertools import groupby
 
+import torch
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``c`` correct among ``n`` samples (product form, no big binomials)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+# The torchmetrics-style update of the PassAtK metric: per problem n and c in, the sum of pass@k over problems out.
+from stare_lightning.metrics.functional import _pass_at_k_update
 
 
 def benchmark_results(samples: Sequence[dict], pass_k: Sequence[int]) -> dict:
@@ -42,9 +41,10 @@ def benchmark_results(samples: Sequence[dict], pass_k: Sequence[int]) -> dict:
         f"avg@{n}": mean,
         f"avg@{n}_ci95": [mean - half_width, mean + half_width],
     }
-    for k in pass_k:
-        if k <= n:
-            out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+    ks = [k for k in pass_k if k <= n]
+    sums, _ = _pass_at_k_update(n, torch.tensor(correct), ks)
+    for k, total in zip(ks, sums.tolist()):
+        out[f"pass@{k}"] = total / len(correct)
     out[f"maj@{n}"] = sum(bool(p[0]["majority"]) for p in problems) / len(problems)
     out["response_length/mean"] = sum(s["length"] for s in samples) / len(samples)
     out["truncated_frac"] = sum(bool(s["truncated"]) for s in samples) / len(samples)

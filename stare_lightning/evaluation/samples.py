@@ -1,9 +1,4 @@
-"""One record per evaluated sample, and the callback that gathers them from every rank.
-
-A record: ``benchmark``, ``id`` (the problem's record id), ``sample`` (its index among the problem's n),
-``response``, ``answer`` (the reference), ``score``, ``majority`` (whether the problem's majority vote is
-correct), ``length`` (response tokens) and ``truncated`` (the response hit the token budget).
-"""
+"""The callback that gathers the sample records (``data.samples``) of a validation epoch from every rank."""
 
 from __future__ import annotations
 
@@ -14,26 +9,6 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from stare_lightning.distributed import is_distributed
-
-
-def sample_records(
-    items: Sequence[dict], rollouts, scores: Sequence[float], majority: Sequence[bool], benchmark: str | None
-) -> list[dict]:
-    n = rollouts.n
-    return [
-        {
-            "benchmark": benchmark,
-            "id": items[row // n]["id"],
-            "sample": row % n,
-            "response": rollouts.texts[row],
-            "answer": items[row // n]["answer"],
-            "score": float(scores[row]),
-            "majority": bool(majority[row // n]),
-            "length": len(rollouts.response_ids[row]),
-            "truncated": rollouts.finish_reasons[row] == "length",
-        }
-        for row in range(len(rollouts.texts))
-    ]
 
 
 class SampleRecorder(Callback):

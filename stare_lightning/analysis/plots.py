@@ -1,4 +1,4 @@
-"""Load logged runs (Lightning CSVLogger directories) and plot the entropy story of several runs side by side.
+"""Figures of several finished runs side by side (frames from ``runs.load_runs``): the entropy story.
 
 Not from the paper; the panels follow the telemetry of docs/method.md, section 5: entropy, predicted vs
 realised entropy change, quadrant mass (token share, weight share, dH), reflection words, and accuracy
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,135 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-METRICS_FILE = "metrics.csv"
-_NAME_KEYS = ("run_name", "name", "experiment_name", "experiment")
 _LINESTYLES = ("-", "--", ":", "-.")
 _QUADRANT_COLORS = {"pos_high": "tab:red", "pos_low": "tab:orange", "neg_high": "tab:blue", "neg_low": "tab:cyan"}
-
-
-# --------------------------------------------------------------------------------------------- loading
-
-
-def find_run_dirs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Run directories under ``paths``: each path is a run (holds metrics.csv) or is searched for runs.
-
-    A string may hold several paths separated by ``os.pathsep`` (as in ``STARE_RUN_DIRS``).
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [p for p in str(paths).split(os.pathsep) if p.strip()]
-    found: list[Path] = []
-    for p in paths:
-        root = Path(p).expanduser()
-        if (root / METRICS_FILE).is_file():
-            found.append(root)
-        elif root.is_dir():
-            found.extend(sorted(f.parent for f in root.rglob(METRICS_FILE)))
-        else:
-            raise FileNotFoundError(f"no run directory at {root}")
-    return found
-
-
-def run_name(run_dir: str | os.PathLike) -> str:
-    """A run's display name: a name in its ``hparams.yaml``, else its folder name.
-
-    A CSVLogger folder named ``version_N`` is shown with its parent: ``<parent>/version_N``.
-    """
-    run_dir = Path(run_dir)
-    hparams = run_dir / "hparams.yaml"
-    if hparams.is_file():
-        import yaml
-
-        try:
-            data = yaml.safe_load(hparams.read_text()) or {}
-        except yaml.YAMLError:
-            data = {}
-        if isinstance(data, dict):
-            for key in _NAME_KEYS:
-                value = data.get(key)
-                if isinstance(value, str) and value.strip():
-                    return value.strip()
-    if re.fullmatch(r"version_\d+", run_dir.name) and run_dir.parent.name:
-        return f"{run_dir.parent.name}/{run_dir.name}"
-    return run_dir.name
-
-
-def load_run(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """One row per step (the index, sorted), one column per logged metric.
-
-    CSVLogger writes sparse rows (NaN where a metric was not logged in that row) and may write several
-    rows for one step; they are merged, keeping the last value logged for each metric at that step.
-    The run's name is in ``df.attrs["name"]``.
-    """
-    import pandas as pd
-
-    run_dir = Path(run_dir)
-    path = run_dir / METRICS_FILE if run_dir.is_dir() else run_dir
-    raw = pd.read_csv(path)
-    if "step" not in raw.columns:
-        raise ValueError(f"{path} has no 'step' column")
-    raw = raw.dropna(subset=["step"])
-    raw["step"] = raw["step"].astype("int64")
-    df = raw.groupby("step", sort=True).last()
-    df.attrs["name"] = run_name(path.parent)
-    return df
-
-
-def load_runs(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> dict[str, pd.DataFrame]:
-    """``{run name: frame}`` for every run found under ``paths``; clashing names get a ``#i`` suffix."""
-    runs: dict[str, pd.DataFrame] = {}
-    for run_dir in find_run_dirs(paths):
-        df = load_run(run_dir)
-        name, i = df.attrs["name"], 2
-        while name in runs:
-            name, i = f"{df.attrs['name']}#{i}", i + 1
-        runs[name] = df
-    return runs
-
-
-# Columns the figures and diagnoses read; a summary keeps these only (pooled validation metrics; maj@n per benchmark).
-_PLOTTED = re.compile(
-    r"(train/(entropy(/.*)?|stare/.*|reward/mean|response_length/mean|distinct_correct|quadrant/.*|grad_norm|"
-    r"reflection/.*|frac_zero_std_groups|time/step_s|memory/.*)"
-    r"|val/(avg@\w+|pass@\w+|[^/]+/maj@\w+|distinct_correct|response_length/mean|reflection/per_response))"
-)
-
-
-def write_summary(run_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None) -> Path:
-    """A small copy of a run for committing beside a notebook: one row per step, the plotted columns only,
-    values to 6 significant digits, and ``hparams.yaml`` holding the run's name, seed and algorithm settings
-    (what ``stare_lightning.compare`` groups runs by). Returns ``out_dir``."""
-    import yaml
-
-    df = load_run(run_dir)
-    logged = yaml.safe_load(hparams.read_text()) if (hparams := Path(run_dir) / "hparams.yaml").is_file() else {}
-    kept = {key: logged[key] for key in ("seed", "algorithm") if key in (logged or {})}
-    keep = [c for c in df.columns if _PLOTTED.fullmatch(c) and df[c].notna().any()]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    df[keep].to_csv(out_dir / METRICS_FILE, float_format="%.6g")
-    (out_dir / "hparams.yaml").write_text(yaml.safe_dump({"run_name": name or df.attrs["name"], **kept}))
-    return out_dir
-
-
-def sweep_run_label(job_logs: Path) -> str:
-    """``<algorithm>[_adaptive]_seed<seed>`` from a fit's logged hyper-parameters."""
-    import yaml
-
-    from stare_lightning.compare import arm_label
-
-    logged = yaml.safe_load((job_logs / "hparams.yaml").read_text()) or {}
-    return f"{arm_label(logged, job_logs.parent.name)}_seed{logged.get('seed', 0)}"
-
-
-def summarize_sweep(sweep_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    """``write_summary`` of every fit under ``sweep_dir`` into ``out_dir/<label>`` (``sweep_run_label``)."""
-    jobs = sorted(p.parent for p in Path(sweep_dir).rglob(f"logs/{METRICS_FILE}"))
-    if not jobs:
-        raise FileNotFoundError(f"no runs (*/logs/{METRICS_FILE}) under {sweep_dir}")
-    return [write_summary(job, Path(out_dir) / sweep_run_label(job), sweep_run_label(job)) for job in jobs]
-
-
-# -------------------------------------------------------------------------------------------- plotting
 
 
 def _series(df: pd.DataFrame, column: str, smooth: int = 1) -> pd.Series | None:
@@ -389,12 +262,3 @@ def _save(fig, out_png: str | os.PathLike) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     return out
-
-
-if __name__ == "__main__":  # python -m stare_lightning.metrics.plots summarize <sweep dir> <out dir>
-    import sys
-
-    if len(sys.argv) != 4 or sys.argv[1] != "summarize":
-        raise SystemExit("usage: python -m stare_lightning.metrics.plots summarize <sweep dir> <out dir>")
-    for path in summarize_sweep(sys.argv[2], sys.argv[3]):
-        print(path)
