@@ -8,50 +8,7 @@ follows the policy at all (``follows_policy``: a selection that does not is made
 after an optimizer step). Adding a selector is one file here and its import below.
 """
 
-from __future__ import annotations
+from stare_lightning.algorithms.selectors import entropy, sensitivity, surprisal, uniform  # noqa: F401 - they register
+from stare_lightning.algorithms.selectors.base import STARE_SELECTORS, RankingInputs, Selector, required
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
-from torch import Tensor
-
-from stare_lightning.algorithms.registry import Registry
-
-__all__ = ["STARE_SELECTORS", "RankingInputs", "Selector"]
-
-
-@dataclass(frozen=True)
-class RankingInputs:
-    """One part's statistics, each [B, T]: the log-probs of the sampled tokens, their entropy sensitivity Phi and
-    the distribution's entropy (None where the step did not compute them), and a seeded generator."""
-
-    logprobs: Tensor
-    phi: Tensor | None = None
-    entropy: Tensor | None = None
-    generator: torch.Generator | None = None
-
-
-@dataclass(frozen=True)
-class Selector:
-    score: Callable[[RankingInputs], Tensor]  # [B, T], highest first; read at valid tokens only
-    needs_phi: bool = False
-    needs_entropy: bool = False
-    follows_policy: bool = True
-
-
-STARE_SELECTORS: Registry[Selector] = Registry("algorithm.stare.selector")
-
-
-def required(inputs: RankingInputs, name: str, selector: str) -> Tensor:
-    """The statistic ``name`` of ``inputs``, or a clear error when the step did not provide it."""
-    value = getattr(inputs, name)
-    if value is None:
-        raise ValueError(f"{name}=None is not allowed with selector={selector!r}: pass it per token")
-    if value.shape != inputs.logprobs.shape:
-        raise ValueError(f"{name} has shape {tuple(value.shape)}; expected {tuple(inputs.logprobs.shape)}")
-    return value
-
-
-# The entries (each module registers itself).
-from stare_lightning.algorithms.selectors import entropy, sensitivity, surprisal, uniform  # noqa: E402, F401
+__all__ = ["STARE_SELECTORS", "RankingInputs", "Selector", "required"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms.selectors import STARE_SELECTORS, RankingInputs, Selector, required
+from stare_lightning.algorithms.selectors.base import STARE_SELECTORS, RankingInputs, Selector, required
 
 
 def sensitivity(inputs: RankingInputs) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms.selectors import STARE_SELECTORS, RankingInputs, Selector
+from stare_lightning.algorithms.selectors.base import STARE_SELECTORS, RankingInputs, Selector
 
 
 def surprisal(inputs: RankingInputs) -> Tensor:
