@@ -24,8 +24,4 @@ read -r -a ORDER <<<"${ARM_NAMES:-stare_o1 stare_o1_random stare_o1_entropy}"
 source "$(dirname "$0")/study_jobs.sh"
 
 run_study
-for arm in "${ORDER[@]}"; do
-  ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
-  "$PY" -m stare_lightning.analysis.summaries "$OUT/$arm" "$DATA"
-done
-"$PY" -m stare_lightning.analysis.compare "$OUT" --baseline stare_o1 --table "$DATA/seed_statistics.csv"
+summarize_study "$DATA" --baseline stare_o1

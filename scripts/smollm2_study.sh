@@ -42,8 +42,4 @@ read -r -a ORDER <<<"${ARM_NAMES:-grpo_ds stare_o1 stare_c2 stare_o1_adaptive}"
 source "$(dirname "$0")/study_jobs.sh"
 
 run_study
-for arm in "${ORDER[@]}"; do
-  ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
-  "$PY" -m stare_lightning.analysis.summaries "$OUT/$arm" "$DATA"
-done
-"$PY" -m stare_lightning.analysis.compare "$OUT" --tail 10 --table "$DATA/seed_statistics.csv"  # entropy: steps 90-99
+summarize_study "$DATA" --tail 10  # entropy: steps 90-99

@@ -6,7 +6,8 @@
 # - Two runners on one directory never take the same job (a lock per job). CHAINS=2 runs two queues side by side.
 # - Killing the runner (TERM or INT) stops its job too (TERM, then KILL after 30 s), so no job runs on unowned.
 # The caller sets OUT, PY, SEEDS, STUDY (the overrides every job starts from), ARMS (arm -> its overrides) and
-# ORDER (the arms to run, in order), then calls run_study.
+# ORDER (the arms to run, in order), then calls run_study, then summarize_study with where the summaries go and
+# the arguments of `python -m stare_lightning.analysis.compare` after the directory.
 
 FIT=
 stop_fit() {  # on TERM/INT: the running fit goes down with the runner; its last checkpoint stays for a resume
@@ -66,4 +67,14 @@ else
   queue 0 1
 fi
 trap - TERM INT
+}
+
+summarize_study() {  # summarize_study DATA [compare arguments...]: the finished arms' summaries and seed statistics
+  local data=$1
+  shift
+  for arm in "${ORDER[@]}"; do
+    ls "$OUT/$arm"/seed*/finished >/dev/null 2>&1 || continue
+    "$PY" -m stare_lightning.analysis.summaries "$OUT/$arm" "$data"
+  done
+  "$PY" -m stare_lightning.analysis.compare "$OUT" "$@" --table "$data/seed_statistics.csv"
 }
