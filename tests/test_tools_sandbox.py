@@ -21,8 +21,9 @@ import torch
 
 from stare_lightning.tools import build_tool, run_calls
 from stare_lightning.tools.base import TRUNCATION_MARKER
-from stare_lightning.tools.bubblewrap import bubblewrap_path, runtime_dirs
+from stare_lightning.tools.bubblewrap import runtime_dirs
 from stare_lightning.tools.python_sandbox import PythonSandbox
+from tests.needs import require
 
 LIMIT = 2.0  # wall and CPU seconds of the hostile calls
 # Start-up, kill and teardown past the limit (a fork bomb's teardown freezes and kills every process it made, one
@@ -37,7 +38,7 @@ STUBBORN_BOMB = (
     "import os\nprint(os.getuid(), flush=True)\n"
     "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
 )
-needs_bwrap = pytest.mark.skipif(bubblewrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+needs_bwrap = pytest.mark.needs("bwrap")
 MODES = [pytest.param("bubblewrap", marks=needs_bwrap), "rlimits_unsafe"]
 
 
@@ -48,8 +49,7 @@ def _sandbox(isolation: str, **options) -> PythonSandbox:
 
 @pytest.fixture(scope="module")
 def sandbox():
-    if bubblewrap_path() is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require("bwrap")
     tool = _sandbox("bubblewrap")
     yield tool
     tool.close()
@@ -257,7 +257,7 @@ def test_rlimits_unsafe_mode_runs_times_out_and_bounds_memory():
     assert not memory.ok and "MemoryError" in memory.text
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="as root the sandbox gives up root for a uid of its own")
+@pytest.mark.needs("root")  # as root the sandbox gives up root for a uid of its own
 def test_rlimits_unsafe_mode_contains_a_fork_bomb_as_root():
     result = _timed(_sandbox("rlimits_unsafe"), STUBBORN_BOMB)
     uid = int(result.text.split()[0])

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.tools.bubblewrap import bubblewrap_path
 from stare_lightning.tools.cgroups import CgroupSetup, join_argv
 from stare_lightning.tools.python_sandbox import PythonSandbox
 from stare_lightning.tools.sandbox_process import kill_uid
+from tests.needs import require
 
 LIMIT = 3.0  # wall and CPU seconds of a call
 # Start-up, kill and teardown past the limit. Generous on purpose: on a loaded 2-core machine a fork bomb's
@@ -29,10 +29,10 @@ LIMIT = 3.0  # wall and CPU seconds of a call
 SLACK = 20.0
 UNSAFE = "rlimits_unsafe"
 MODES = [
-    pytest.param("bubblewrap", marks=pytest.mark.skipif(bubblewrap_path() is None, reason="bwrap is not installed")),
+    pytest.param("bubblewrap", marks=pytest.mark.needs("bwrap")),
     UNSAFE,
 ]
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as a uid of its own only as root")
+as_root = pytest.mark.needs("root")  # the sandbox runs as a uid of its own only as root
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -257,7 +257,7 @@ print("subprocess", subprocess.run([sys.executable, "-c", "print(5)"], capture_o
     assert "fork 7" in result.text and "thread ran" in result.text and "subprocess 5" in result.text, result.text
 
 
-@pytest.mark.skipif(bubblewrap_path() is None, reason="bwrap is not installed")
+@pytest.mark.needs("bwrap")
 def test_data_directories_are_not_visible_in_bubblewrap():
     base = Path("/opt") if os.access("/opt", os.W_OK) else Path.cwd()
     data = base / f"stare_answers_{uuid.uuid4().hex[:12]}"
@@ -321,9 +321,8 @@ def test_the_uid_sweep_kills_a_vfork_parent():
 
 
 def test_call_cgroups_hold_their_limits_and_go_away():
+    require("cgroups")
     setup = CgroupSetup.detect()
-    if setup is None or not {"memory", "pids"} <= set(setup.bases):
-        pytest.skip("no writable memory and pids cgroups here")
     call = setup.create(memory_bytes=64 << 20, max_tasks=9, cpus=0.5)
     try:
         version, memory = call.roles["memory"]

@@ -18,7 +18,6 @@ import struct
 
 import pytest
 
-from stare_lightning.tools.bubblewrap import bubblewrap_path
 from stare_lightning.tools.libseccomp import syscall_name, syscall_number
 from stare_lightning.tools.python_sandbox import PythonSandbox
 from stare_lightning.tools.seccomp import SANDBOX, VERIFIER, SeccompUnavailable, filter_bytes
@@ -41,7 +40,7 @@ ALLOW, KILL_PROCESS = 0x7FFF0000, 0x80000000
 FAMILIES = {SANDBOX.name: {socket.AF_UNIX, socket.AF_INET}, VERIFIER.name: {socket.AF_UNIX}}
 RULE_SETS = [pytest.param(SANDBOX, id="sandbox"), pytest.param(VERIFIER, id="verifier")]
 MODES = [
-    pytest.param("bubblewrap", marks=pytest.mark.skipif(bubblewrap_path() is None, reason="bwrap is not installed")),
+    pytest.param("bubblewrap", marks=pytest.mark.needs("bwrap")),
     "rlimits_unsafe",
 ]
 

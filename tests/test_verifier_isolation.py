@@ -20,6 +20,7 @@ import pytest
 from stare_lightning.rewards import VerifierPool
 from stare_lightning.rewards.reasoning_gym import METADATA_KEY
 from stare_lightning.rewards.scoring_guard import SYMPY_CONSTRUCTORS, allowed_names, string_code_refusal
+from tests.needs import require
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the verifier worker's confinement is Linux's")
 GOOD_COUNTDOWN = ("countdown", "3*5+7", "22", {"numbers": [3, 5, 7], "target": 22, "ops": "+-*"})
@@ -108,7 +109,7 @@ def test_the_parse_only_policy_lets_expressions_through_and_nothing_else():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EVALUATING_GENERATORS)
 def test_hostile_answers_to_evaluating_scorers_score_zero_and_run_nothing(pool, writable_dir, name):
-    pytest.importorskip("reasoning_gym")
+    require("reasoning_gym")
     marks = [writable_dir / f"{name}-{k}" for k in range(len(_payloads(writable_dir)))]
     hostile = [_gym_item(name, f"The answer is \\boxed{{{_payloads(mark)[k]}}}") for k, mark in enumerate(marks)]
     _, entry = hostile[0]
@@ -125,7 +126,7 @@ def test_hostile_answers_to_evaluating_scorers_score_zero_and_run_nothing(pool, 
 @pytest.mark.slow
 def test_a_hostile_record_answer_is_not_evaluated(pool, writable_dir):
     """number_sorting evals the record's own answer: a data file is as hostile as a response."""
-    pytest.importorskip("reasoning_gym")
+    require("reasoning_gym")
     mark = writable_dir / "from-record"
     item, _ = _gym_item("number_sorting", "\\boxed{['1']}", answer_override=_payloads(mark)[0])
     result = pool.score([item])
@@ -197,7 +198,7 @@ ATTEMPTS = (
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own needs a root trainer")
+@pytest.mark.needs("root")  # a uid of its own needs a root trainer
 def test_code_that_runs_in_the_worker_reaches_nothing(tmp_path, writable_dir, monkeypatch):
     probes = [Path("/var/tmp/verifier-isolation-probe"), Path("/dev/shm/verifier-isolation-probe")]
     for probe in probes:  # left by an earlier run of unconfined code: only a new write counts
@@ -422,7 +423,7 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace with its own /proc needs a root trainer here")
+@pytest.mark.needs("root")  # a pid namespace with its own /proc needs a root trainer here
 def test_the_worker_sees_no_other_process_and_dies_with_its_namespace(tmp_path, monkeypatch):
     (tmp_path / "pid_probe_verifiers.py").write_text(PID_MODULE)
     tmp_path.chmod(0o755)

@@ -101,7 +101,6 @@ WORKS = ("socket_unix", "socketpair_unix", "mmap", "imports")
 
 
 def test_the_worker_refuses_namespaces_tracing_and_non_unix_sockets_and_still_verifies(tmp_path, monkeypatch):
-    pytest.importorskip("math_verify")
     names = ("unshare", "clone", "setns", "ptrace", "process_vm_readv", "bpf", "keyctl", "io_uring_setup",
              "perf_event_open", "clone3")  # fmt: skip
     source = PROBE_MODULE.format(numbers={name: syscall_number(name) for name in names})
