@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -446,3 +447,19 @@ def test_the_worker_sees_no_other_process_and_dies_with_its_namespace(tmp_path, 
         (worker,) = _children(supervisor)
         os.kill(supervisor, 9)
         assert _wait_gone([supervisor, worker], limit_s=10.0) == []  # the signal is immediate; 10 s for a loaded host
+
+
+@pytest.mark.parametrize("where", ["tmp", "tmp_path"])
+def test_the_worker_imports_the_built_in_verifiers_from_any_working_directory(where, tmp_path):
+    """The built-in verifiers are imported after confinement: the package's own directory is bound back wherever
+    it lives (an editable checkout under /tmp included), and a trainer started in /tmp itself does not bind /tmp
+    back whole (which failed the worker's start)."""
+    code = (
+        "from stare_lightning.rewards.pool import VerifierPool\n"
+        "with VerifierPool() as pool:\n"
+        "    r = pool.score([('countdown', '3+4', '7', {'numbers': [3, 4], 'target': 7})])\n"
+        "print(r.scores, r.errors, r.messages)\n"
+    )
+    cwd = "/tmp" if where == "tmp" else tmp_path
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[1.0] 0 []", out.stdout + out.stderr[-2000:]

@@ -117,11 +117,16 @@ def _inside(path: str, parent: str) -> bool:
 
 
 def _needed_paths() -> list[str]:
-    """Where the worker may import from: every directory on ``sys.path`` and the interpreter's prefixes."""
+    """Where the worker may import from: every directory on ``sys.path``, the interpreter's prefixes, and the
+    directory holding this package (an editable install maps it from outside ``sys.path``, and the built-in
+    verifiers are imported after confinement). A world-writable directory itself (``/tmp`` as the working
+    directory) is never bound back whole: that would undo hiding it."""
     cwd = os.getcwd()
     sys.path[:] = [entry or cwd for entry in sys.path]  # '' would follow the chdir below
-    candidates = [*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix]
-    return sorted({os.path.realpath(p) for p in candidates if p and os.path.isdir(p)})
+    package_home = str(Path(__file__).resolve().parents[2])
+    candidates = [*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix, package_home]
+    found = {os.path.realpath(p) for p in candidates if p and os.path.isdir(p)}
+    return sorted(found - {os.path.realpath(d) for d in WORLD_WRITABLE})
 
 
 def _owner_only_ancestor(path: str) -> str | None:
