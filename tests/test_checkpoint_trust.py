@@ -40,11 +40,12 @@ class _TouchOnUnpickle:
         return pathlib.Path.touch, (self.mark,)
 
 
-def _save_distributed(directory: pathlib.Path, extra: dict | None = None) -> dict:
-    """A distributed checkpoint shaped like Lightning's (module under "model", optimizer, loop state in meta.pt)."""
+def _save_distributed(directory: pathlib.Path, extra: dict | None = None, module_key: str = "state_dict") -> dict:
+    """A distributed checkpoint shaped like Lightning's: the module under "state_dict" (the Trainer's; Fabric's
+    "model"), an optimizer, the loop state in meta.pt."""
     weights = {"policy.w": torch.randn(3, 4), "policy.b": torch.arange(5, dtype=torch.bfloat16)}
     state = {
-        "model": weights,
+        module_key: weights,
         "optimizer_0": {"state": {0: {"step": torch.tensor(2.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
         **(extra or {}),
     }
@@ -53,10 +54,11 @@ def _save_distributed(directory: pathlib.Path, extra: dict | None = None) -> dic
     return weights
 
 
-def test_a_distributed_checkpoint_reads_back_as_data(tmp_path):
-    weights = _save_distributed(tmp_path / "ckpt")
+@pytest.mark.parametrize("module_key", ["state_dict", "model"])
+def test_a_distributed_checkpoint_reads_back_as_data(tmp_path, module_key):
+    weights = _save_distributed(tmp_path / "ckpt", module_key=module_key)
     vet_checkpoint(tmp_path / "ckpt")
-    loaded = load_distributed_tensors(tmp_path / "ckpt", prefix="model.")
+    loaded = load_distributed_tensors(tmp_path / "ckpt", prefix=f"{module_key}.")
     assert sorted(loaded) == sorted(weights)
     for name, tensor in weights.items():
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor)
@@ -74,7 +76,7 @@ def test_a_crafted_index_runs_nothing(tmp_path):
     with pytest.raises(UntrustedCheckpointError, match=r"ckpt/\.metadata is not a distributed-checkpoint index"):
         vet_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UntrustedCheckpointError, match=r"\.metadata"):
-        load_distributed_tensors(tmp_path / "ckpt", prefix="model.")
+        load_distributed_tensors(tmp_path / "ckpt", prefix="state_dict.")
     assert not mark.exists()
     with contextlib.suppress(Exception):  # torch's own reader: a plain pickle.load, then it trips on the None
         dcp.FileSystemReader(str(tmp_path / "ckpt")).read_metadata()

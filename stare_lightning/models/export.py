@@ -17,11 +17,14 @@ from stare_lightning.trainer.checkpoint_trust import (
     LIGHTNING_META_FILE,
     load_distributed_tensors,
     load_file,
+    read_metadata,
     vet_checkpoint,
 )
 
 POLICY_PREFIX = "policy."
-DISTRIBUTED_MODEL_PREFIX = "model."  # Lightning saves the module's state under "model" in a distributed checkpoint
+# Where a distributed checkpoint keeps the module's weights: Lightning's Trainer saves them under "state_dict",
+# Fabric under "model".
+DISTRIBUTED_MODULE_KEYS = ("state_dict.", "model.")
 
 
 def _load_checkpoint(path: Path) -> dict:
@@ -30,7 +33,9 @@ def _load_checkpoint(path: Path) -> dict:
     if path.is_dir():  # a distributed checkpoint: tensors in *.distcp shards, the rest in Lightning's meta.pt
         meta = path / LIGHTNING_META_FILE
         checkpoint = load_file(meta) if meta.is_file() else {}
-        checkpoint["state_dict"] = load_distributed_tensors(path, prefix=DISTRIBUTED_MODEL_PREFIX)
+        names = read_metadata(path).state_dict_metadata
+        prefix = next((p for p in DISTRIBUTED_MODULE_KEYS if any(n.startswith(p) for n in names)), "state_dict.")
+        checkpoint["state_dict"] = load_distributed_tensors(path, prefix=prefix)
         return checkpoint
     return load_file(path)
 
