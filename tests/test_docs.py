@@ -1,7 +1,7 @@
 """The documentation: the site builds strictly, its generated Reference covers the code, the README's links hold.
 
 The configuration reference is generated from the schema dataclasses' attribute docstrings and from what their
-checks note (``config/reference.py``), the metrics reference from ``metrics/glossary.py``; these tests fail when a
+checks note (``config_reference.py``), the metrics reference from ``metrics/glossary.py``; these tests fail when a
 field has no description, a check names a key the schema lacks, or a logged metric has no glossary entry (the
 end-to-end fit in ``test_fit.py`` checks the names a real run logs).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.config.reference import config_keys
+from stare_lightning.config_reference import config_keys
 from stare_lightning.metrics.glossary import ENTRIES, entry_for, undocumented
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_every_schema_field_has_a_description(keys):
 
 def test_allowed_values_are_the_schemas_own_checks(keys):
     from stare_lightning.algorithms.stare import STARE_SCOPES
-    from stare_lightning.config.reference import checked_rules
+    from stare_lightning.config_reference import checked_rules
     from stare_lightning.tools.config import ISOLATIONS
 
     by_key = {k.key: k for k in keys}

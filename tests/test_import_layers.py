@@ -39,8 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The end-of-fit summary plots the run it closes (analysis).
     ("callbacks", ("callbacks",)),
     ("train", ("train",)),
-    # Commands: what a user runs. config.reference documents the schema as the command line composes it.
-    ("commands", ("cli", "__main__", "compare", "evaluation", "config.reference")),
+    # Commands: what a user runs. config_reference documents the schema as the command line composes it.
+    ("commands", ("cli", "__main__", "compare", "evaluation", "config_reference")),
 ]
 
 # Cycles tolerated for now, each with the change it waits for (none today). Any other cycle fails, and so does an

@@ -1,6 +1,6 @@
 """MkDocs hook: the Reference pages, generated from the code at every build so they cannot drift from it.
 
-- ``reference/configuration.md``: every key of the run's schema (``stare_lightning.config.reference``) and every
+- ``reference/configuration.md``: every key of the run's schema (``stare_lightning.config_reference``) and every
   option of every config group (the files of ``conf/``);
 - ``reference/metrics.md``: the metric glossary (``stare_lightning.metrics.glossary``);
 - ``reference/cli.md``: the subcommands (``stare_lightning.cli.SUBCOMMANDS``) and ``prepare``'s arguments;
@@ -81,7 +81,7 @@ def _code(text: str) -> str:
 
 def configuration_page() -> str:
     from stare_lightning.cli import config_dir
-    from stare_lightning.config.reference import config_keys
+    from stare_lightning.config_reference import config_keys
 
     keys = config_keys()
     plain = [k for k in keys if not k.group]

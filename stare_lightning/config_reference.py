@@ -3,7 +3,7 @@
 The documentation's configuration reference is generated from this, so it cannot drift from the code: the meaning
 is the attribute docstring written under each dataclass field, the allowed values are what the schema's own checks
 (``config/checks.py``) note while they run, and the defaults are read from the dataclasses and from the composed
-``conf/config.yaml``. ``python -m stare_lightning.config.reference`` prints the keys as a table.
+``conf/config.yaml``. ``python -m stare_lightning.config_reference`` prints the keys as a table.
 """
 
 from __future__ import annotations
