@@ -133,6 +133,7 @@ def _worker_stare(args) -> dict:
     from stare_lightning.algorithms import (
         AlgorithmConfig,
         LossNormalizer,
+        LossSpec,
         policy_loss,
         stare_weights_for_scope,
         token_stats_from_logits,
@@ -147,7 +148,7 @@ def _worker_stare(args) -> dict:
     logits = torch.empty(B, T, V, dtype=getattr(torch, args.dtype)).normal_(0.0, 2.0).requires_grad_()
     targets = torch.randint(0, V, (B, T))
     old = token_stats_from_logits(logits.detach(), targets, chunk_size=args.chunk, with_entropy=False).logprobs
-    cfg = AlgorithmConfig(clip_eps_high=0.28, dual_clip_c=10.0)
+    cfg = AlgorithmConfig(policy_loss={"clip_eps_high": 0.28, "dual_clip_c": 10.0})
     norm = LossNormalizer.from_mask(mask)
 
     def stare():
@@ -155,13 +156,13 @@ def _worker_stare(args) -> dict:
 
     def loss_only(weights):
         lp = old.clone().requires_grad_()
-        loss, _ = policy_loss(lp, old, adv, mask, cfg, norm, token_weights=weights)
+        loss, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, token_weights=weights)
         loss.backward()
 
     def full_loss(weights):
         logits.grad = None
         st = token_stats_from_logits(logits, targets, chunk_size=args.chunk)
-        loss, _ = policy_loss(st.logprobs, old, adv, mask, cfg, norm, token_weights=weights)
+        loss, _ = policy_loss(st.logprobs, old, adv, mask, LossSpec.of(cfg), norm, token_weights=weights)
         loss.backward()
 
     def timed(fn, n):

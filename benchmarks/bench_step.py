@@ -88,7 +88,7 @@ def project_worker(kind: str, steps: int, out_dir: Path) -> list[dict]:
         overrides = [
             *common, "~experiment", "model=smollm2", "data=files", f"data.train_files=[{data}]", "data.val_size=0",
             "data.prompts_per_step=1", "data.prompt_style=instruct", "algorithm=dapo",
-            "algorithm.dynamic_sampling=false", f"rollout.n={N}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+            "algorithm.collection.dynamic_sampling=false", f"rollout.n={N}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
             "rollout.temperature=1.0", f"rollout={kind.split('_')[1]}", f"optim.lr={LR}",
             *CONTENDER_OVERRIDES.get(kind, []),
         ]  # fmt: skip

@@ -116,11 +116,20 @@ def check_what_hydra_will_build(overrides: Sequence[str], config_name: str = "co
     logging before any of the project's code runs, so this is the only moment to refuse them."""
     from omegaconf import OmegaConf
 
+    from stare_lightning.config.moved_keys import check_override_keys, moved_key_error
     from stare_lightning.config.targets import check_hydra_node, check_opt_ins, check_targets
 
+    check_override_keys(overrides)
     for variant in _compositions(overrides):
+        try:
+            composed = compose(variant, with_hydra=True, config_name=config_name)
+        except Exception as error:
+            moved = moved_key_error(error)
+            if moved is None:
+                raise
+            raise moved from error
         # Unresolved: Hydra's runtime values do not exist yet (an interpolated _target_ matches no name: refused).
-        tree = OmegaConf.to_container(compose(variant, with_hydra=True, config_name=config_name), resolve=False)
+        tree = OmegaConf.to_container(composed, resolve=False)
         allowed = list(tree.get("allowed_targets") or [])
         check_opt_ins(allowed)
         check_hydra_node(tree.get("hydra"), allowed)

@@ -80,7 +80,7 @@ class STAREModule(LightningModule):
         self.tools, self.tool = tools or ToolsConfig(), tool
         self.call_format = build_format(self.tools.format, tool, self.tokenizer) if tool is not None else None
         self.controller = algorithm.stare.make_controller() if algorithm.stare.enabled else None
-        self.entropy_coefficient = algorithm.make_entropy_coefficient()
+        self.entropy_coefficient = algorithm.entropy_bonus.make_coefficient()
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
         self.same_batch_entropy = telemetry is not None and telemetry.same_batch_entropy
@@ -147,7 +147,6 @@ class STAREModule(LightningModule):
     def on_fit_start(self) -> None:
         self.runner = StepRunner(
             self.plan,
-            self.algorithm,
             verifiers=self.verifiers,
             sampling=self.rollout.training_sampling(),
             pad_token_id=self.tokenizer.pad_token_id,

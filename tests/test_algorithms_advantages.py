@@ -52,7 +52,7 @@ def test_grpo_uses_unbiased_std_and_zero_groups():
 
 
 def test_advantage_value_errors():
-    with pytest.raises(ValueError, match="algorithm.advantage='ppo' is not allowed"):
+    with pytest.raises(ValueError, match="algorithm.advantage.name='ppo' is not allowed"):
         compute_advantages(torch.zeros(1, 2), "ppo")
     with pytest.raises(ValueError, match="eps"):
         compute_advantages(torch.zeros(1, 2), eps=-1.0)

@@ -1,12 +1,14 @@
 """Algorithm config schemas: defaults, validation, OmegaConf structured use, derived methods."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from stare_lightning.algorithms import AlgorithmConfig, STAREConfig, STAREController
+from stare_lightning.config.moved_keys import MOVED_KEYS, REGROUPED_KEYS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
 
@@ -22,7 +24,7 @@ def test_defaults_follow_the_method_doc():
         "next_step",
     )
     a = AlgorithmConfig()
-    assert a.clip_eps_low == 0.2 and a.loss_agg == "token-mean" and a.kl_estimator == "k3"
+    assert a.policy_loss.clip_eps_low == 0.2 and a.update.loss_agg == "token-mean" and a.kl.estimator == "k3"
     assert isinstance(a.stare, STAREConfig)
 
 
@@ -103,8 +105,22 @@ def test_stare_adaptive_bounds():
     ],
 )
 def test_algorithm_config_rejects(key, value):
-    with pytest.raises(ValueError, match=f"{key}={value!r}"):
-        AlgorithmConfig(**{key: value})
+    """Each flat key of the former schema, at its place in the sub-groups (``config/moved_keys.py``)."""
+    full = MOVED_KEYS.get(f"algorithm.{key}", f"algorithm.{key}")
+    full += ".name" if full in REGROUPED_KEYS else ""
+    with pytest.raises(ValueError, match=re.escape(f"{full}={value!r}")):
+        AlgorithmConfig(**nested(full, value))
+
+
+def nested(full_key: str, value, into: dict | None = None) -> dict:
+    """``algorithm.a.b=value`` as the keyword arguments ``{"a": {"b": value}}`` (merged into ``into``)."""
+    *groups, leaf = full_key.split(".")[1:]
+    kwargs = into if into is not None else {}
+    node = kwargs
+    for group in groups:
+        node = node.setdefault(group, {})
+    node[leaf] = value
+    return kwargs
 
 
 def test_messages_name_the_full_key_and_what_is_allowed():
@@ -116,48 +132,49 @@ def test_messages_name_the_full_key_and_what_is_allowed():
         STAREConfig(top_ratio=1.5)
     with pytest.raises(
         ValueError,
-        match=r"^algorithm\.mismatch_mode='clip' is not allowed: choose one of "
+        match=r"^algorithm\.mismatch\.mode='clip' is not allowed: choose one of "
         r"\['truncate', 'mask'\]$",
     ):
-        AlgorithmConfig(mismatch_mode="clip")
-    with pytest.raises(ValueError, match=r"^algorithm\.mismatch_cap=0\.0 is out of range: must be a number > 0\.0$"):
-        AlgorithmConfig(mismatch_cap=0.0)
+        AlgorithmConfig(mismatch={"mode": "clip"})
+    with pytest.raises(ValueError, match=r"^algorithm\.mismatch\.cap=0\.0 is out of range: must be a number > 0\.0$"):
+        AlgorithmConfig(mismatch={"cap": 0.0})
 
 
 def test_cross_field_checks():
-    with pytest.raises(ValueError, match="clip_cov_ub"):
-        AlgorithmConfig(clip_cov_lb=5.0, clip_cov_ub=1.0)
-    with pytest.raises(ValueError, match="entropy_coef"):
-        AlgorithmConfig(entropy_target=0.3, entropy_coef=0.5, entropy_coef_max=0.1)
+    with pytest.raises(ValueError, match="clip_cov.ub"):
+        AlgorithmConfig(entropy_control={"clip_cov": {"lb": 5.0, "ub": 1.0}})
+    with pytest.raises(ValueError, match="entropy_bonus.coef"):
+        AlgorithmConfig(entropy_bonus={"target": 0.3, "coef": 0.5, "coef_max": 0.1})
 
 
 def test_nested_mapping_and_derived_methods():
     a = AlgorithmConfig(stare={"enabled": True, "selector": "sensitivity"})
     assert isinstance(a.stare, STAREConfig)
-    assert a.needs_old_logprob_pass() and a.stare.needs_sensitivity()
+    assert a.needs_scoring_pass() and a.stare.needs_sensitivity()
     with pytest.raises(ValueError, match="stare.variant"):
         AlgorithmConfig(stare={"variant": "X"})
     plain = AlgorithmConfig()
-    assert not plain.uses_reference() and plain.is_on_policy() and not plain.needs_old_logprob_pass()
-    assert not plain.needs_entropy() and not plain.uses_overlong_penalty()
-    assert AlgorithmConfig(kl_coef=0.1).uses_reference()
-    assert AlgorithmConfig(ppo_epochs=2).needs_old_logprob_pass()
-    assert AlgorithmConfig(mini_batches=4).needs_old_logprob_pass()
-    assert AlgorithmConfig(entropy_control="top_entropy").needs_entropy()
-    assert AlgorithmConfig(entropy_target=0.3).uses_adaptive_entropy_coef()
-    assert AlgorithmConfig(overlong_buffer=4).uses_overlong_penalty()
-    assert not plain.uses_mismatch_correction()
-    assert AlgorithmConfig(mismatch_correction="sequence", mismatch_mode="mask").uses_mismatch_correction()
+    assert not plain.uses_reference() and plain.update.on_policy and not plain.needs_scoring_pass()
+    assert not plain.needs_entropy() and plain.collection.overlong_buffer == 0
+    assert AlgorithmConfig(kl={"coef": 0.1}).uses_reference()
+    assert AlgorithmConfig(update={"ppo_epochs": 2}).needs_scoring_pass()
+    assert AlgorithmConfig(update={"mini_batches": 4}).needs_scoring_pass()
+    assert AlgorithmConfig(entropy_control={"name": "top_entropy"}).needs_entropy()
+    assert AlgorithmConfig(entropy_bonus={"target": 0.3}).entropy_bonus.adaptive
+    assert not plain.mismatch.enabled
+    assert AlgorithmConfig(mismatch={"correction": "sequence", "mode": "mask"}).mismatch.enabled
     ctrl = STAREConfig(adaptive=True, alpha=0.02, timing="same_step").make_controller()
     assert isinstance(ctrl, STAREController) and ctrl.alpha == 0.02 and ctrl.timing == "same_step"
 
 
 def test_omegaconf_structured_round_trip_validates():
     base = OmegaConf.structured(AlgorithmConfig)
-    merged = OmegaConf.merge(base, {"clip_eps_high": 0.28, "stare": {"enabled": True, "variant": "C2"}})
+    merged = OmegaConf.merge(
+        base, {"policy_loss": {"clip_eps_high": 0.28}, "stare": {"enabled": True, "variant": "C2"}}
+    )
     obj = OmegaConf.to_object(merged)
-    assert isinstance(obj, AlgorithmConfig) and obj.stare.variant == "C2" and obj.clip_eps_high == 0.28
-    bad = OmegaConf.merge(base, {"loss_agg": "nope"})
+    assert isinstance(obj, AlgorithmConfig) and obj.stare.variant == "C2" and obj.policy_loss.clip_eps_high == 0.28
+    bad = OmegaConf.merge(base, {"update": {"loss_agg": "nope"}})
     with pytest.raises(ValueError, match="loss_agg"):
         OmegaConf.to_object(bad)
     # only OmegaConf-friendly field types
@@ -183,21 +200,22 @@ def test_shipped_algorithm_configs_validate():
 def test_each_semantics_switch_is_checked_and_refused_where_it_changes_nothing():
     for key in ("dynamic_sampling_metric", "budget_exhausted", "gate_aggregation", "loss_normalizer",
                 "on_policy_old_logprobs"):  # fmt: skip
-        with pytest.raises(ValueError, match=f"algorithm.{key}='exact'.*allowed"):
-            AlgorithmConfig(dynamic_sampling=True, **{key: "exact"})
+        full = MOVED_KEYS[f"algorithm.{key}"]
+        with pytest.raises(ValueError, match=f"{full}='exact'.*allowed"):
+            AlgorithmConfig(**nested(full, "exact", {"collection": {"dynamic_sampling": True}}))
     with pytest.raises(ValueError, match="budget_exhausted='stop' does nothing without dynamic sampling"):
-        AlgorithmConfig(budget_exhausted="stop")
-    AlgorithmConfig(budget_exhausted="stop", dynamic_sampling=True)
+        AlgorithmConfig(collection={"budget_exhausted": "stop"})
+    AlgorithmConfig(collection={"budget_exhausted": "stop", "dynamic_sampling": True})
     with pytest.raises(ValueError, match="loss_normalizer=micro_batch is not offered with .*seq-mean-token-sum-norm"):
-        AlgorithmConfig(loss_normalizer="micro_batch", loss_agg="seq-mean-token-sum-norm")
+        AlgorithmConfig(update={"loss_normalizer": "micro_batch", "loss_agg": "seq-mean-token-sum-norm"})
     with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
-        AlgorithmConfig(on_policy_old_logprobs="forward", mini_batches=2)
+        AlgorithmConfig(update={"on_policy_old_logprobs": "forward", "mini_batches": 2})
     group_scope = STAREConfig(enabled=True, scope="group")
     with pytest.raises(ValueError, match="stare.scope=group is not offered with .*micro_batch_partition=balanced"):
-        AlgorithmConfig(stare=group_scope, micro_batch_partition="balanced")
+        AlgorithmConfig(stare=group_scope, update={"micro_batch_partition": "balanced"})
     AlgorithmConfig(stare=group_scope)  # consecutive rows keep each group on one rank
     with pytest.raises(ValueError, match="generation_batch_multiplier=3 does nothing without dynamic sampling"):
-        AlgorithmConfig(generation_batch_multiplier=3)
-    like_loss = AlgorithmConfig(gate_aggregation="like_loss", loss_agg="seq-mean-token-mean")
+        AlgorithmConfig(collection={"generation_batch_multiplier": 3})
+    like_loss = AlgorithmConfig(stare={"gate_aggregation": "like_loss"}, update={"loss_agg": "seq-mean-token-mean"})
     assert like_loss.gate_loss_agg() == "seq-mean-token-mean"
-    assert AlgorithmConfig(loss_agg="seq-mean-token-mean").gate_loss_agg() == "token-mean"
+    assert AlgorithmConfig(update={"loss_agg": "seq-mean-token-mean"}).gate_loss_agg() == "token-mean"

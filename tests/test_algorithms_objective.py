@@ -8,6 +8,7 @@ import torch
 from stare_lightning.algorithms import (
     AlgorithmConfig,
     LossNormalizer,
+    LossSpec,
     policy_loss,
     stare_weights_for_scope,
 )
@@ -59,26 +60,26 @@ def loop_grpo(lp, old, adv, mask, eps_low, eps_high, c, mode, max_len):
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_unit_weights_are_plain_grpo(mode, dual):
     lp, old, ref, ent, adv, mask = batch(0)
-    cfg = AlgorithmConfig(loss_agg=mode, clip_eps_high=0.28, dual_clip_c=dual)
+    cfg = AlgorithmConfig(update={"loss_agg": mode}, policy_loss={"clip_eps_high": 0.28, "dual_clip_c": dual})
     norm = LossNormalizer.from_mask(mask, max_response_length=10)
-    plain, _ = policy_loss(lp, old, adv, mask, cfg, norm)
-    ones, _ = policy_loss(lp, old, adv, mask, cfg, norm, token_weights=torch.ones_like(lp))
+    plain, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm)
+    ones, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, token_weights=torch.ones_like(lp))
     gate_off, _ = stare_weights_for_scope(lp, adv, mask, scope="step", gate_on=False)
-    off, _ = policy_loss(lp, old, adv, mask, cfg, norm, token_weights=gate_off.to(lp.dtype))
+    off, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, token_weights=gate_off.to(lp.dtype))
     assert torch.equal(plain, ones) and torch.equal(plain, off)
     assert plain.item() == pytest.approx(loop_grpo(lp, old, adv, mask, 0.2, 0.28, dual, mode, 10), rel=1e-12)
 
 
 def test_stare_weights_never_flip_gradient_signs():
     lp, old, ref, ent, adv, mask = batch(1)
-    cfg = AlgorithmConfig(clip_eps_high=0.28, dual_clip_c=3.0)
+    cfg = AlgorithmConfig(policy_loss={"clip_eps_high": 0.28, "dual_clip_c": 3.0})
     norm = LossNormalizer.from_mask(mask)
     weights, st = stare_weights_for_scope(lp, adv, mask, scope="step", variant="C2", top_ratio=0.5, w=1.5, m=0.5)
     assert st.selected_pos.item() > 0 and st.selected_neg.item() > 0
     grads = []
     for wts in (None, weights.to(lp.dtype)):
         x = lp.clone().requires_grad_()
-        loss, _ = policy_loss(x, old, adv, mask, cfg, norm, token_weights=wts)
+        loss, _ = policy_loss(x, old, adv, mask, LossSpec.of(cfg), norm, token_weights=wts)
         loss.backward()
         grads.append(x.grad)
     assert torch.equal(torch.sign(grads[0]), torch.sign(grads[1]))
@@ -89,9 +90,9 @@ def test_stare_weights_never_flip_gradient_signs():
 def test_kl_and_entropy_terms(mode):
     lp, old, ref, ent, adv, mask = batch(2)
     norm = LossNormalizer.from_mask(mask, max_response_length=10)
-    base, _ = policy_loss(lp, old, adv, mask, AlgorithmConfig(loss_agg=mode), norm)
-    cfg = AlgorithmConfig(loss_agg=mode, kl_coef=0.3, kl_estimator="k3", entropy_coef=0.05)
-    loss, stats = policy_loss(lp, old, adv, mask, cfg, norm, ref_logprobs=ref, entropy=ent)
+    base, _ = policy_loss(lp, old, adv, mask, LossSpec.of(AlgorithmConfig(update={"loss_agg": mode})), norm)
+    cfg = AlgorithmConfig(update={"loss_agg": mode}, kl={"coef": 0.3, "estimator": "k3"}, entropy_bonus={"coef": 0.05})
+    loss, stats = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, ref_logprobs=ref, entropy=ent)
     kl_tok = torch.exp(ref - lp) - (ref - lp) - 1
 
     def agg(q):  # the same aggregation of a per-token quantity, written out
@@ -107,15 +108,15 @@ def test_kl_and_entropy_terms(mode):
     assert stats["kl_sum"].item() == pytest.approx(kl_tok[mask].sum().item(), rel=1e-6)
     assert stats["entropy_sum"].item() == pytest.approx(ent[mask].sum().item(), rel=1e-6)
     # entropy_coef override and cfg.entropy_coef default
-    loss2, _ = policy_loss(lp, old, adv, mask, cfg, norm, ref_logprobs=ref, entropy=ent, entropy_coef=0.0)
+    loss2, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, ref_logprobs=ref, entropy=ent, entropy_coef=0.0)
     assert loss2.item() == pytest.approx((base + 0.3 * agg(kl_tok)).item(), rel=1e-12)
 
 
 def test_entropy_bonus_gradient_flows_to_entropy():
     lp, old, ref, ent, adv, mask = batch(3)
     e = ent.clone().requires_grad_()
-    cfg = AlgorithmConfig(entropy_coef=0.1)
-    loss, _ = policy_loss(lp, old, adv, mask, cfg, LossNormalizer.from_mask(mask), entropy=e)
+    cfg = AlgorithmConfig(entropy_bonus={"coef": 0.1})
+    loss, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), LossNormalizer.from_mask(mask), entropy=e)
     loss.backward()
     expect = torch.where(mask, torch.full_like(ent, -0.1 / mask.sum().item()), torch.zeros_like(ent))
     torch.testing.assert_close(e.grad, expect)
@@ -124,11 +125,18 @@ def test_entropy_bonus_gradient_flows_to_entropy():
 @pytest.mark.parametrize("mode", MODES)
 def test_micro_batches_with_global_counts_equal_one_batch(mode):
     lp, old, ref, ent, adv, mask = batch(4, B=8, T=12, dtype=torch.float32)
-    cfg = AlgorithmConfig(loss_agg=mode, clip_eps_high=0.28, dual_clip_c=3.0, kl_coef=0.1, entropy_coef=0.01)
+    cfg = AlgorithmConfig(
+        update={"loss_agg": mode},
+        policy_loss={"clip_eps_high": 0.28, "dual_clip_c": 3.0},
+        kl={"coef": 0.1},
+        entropy_bonus={"coef": 0.01},
+    )
     weights, _ = stare_weights_for_scope(lp, adv, mask, scope="step", variant="C2", top_ratio=0.3)
     norm = LossNormalizer.from_mask(mask, max_response_length=12)
     x = lp.clone().requires_grad_()
-    full, full_stats = policy_loss(x, old, adv, mask, cfg, norm, token_weights=weights, ref_logprobs=ref, entropy=ent)
+    full, full_stats = policy_loss(
+        x, old, adv, mask, LossSpec.of(cfg), norm, token_weights=weights, ref_logprobs=ref, entropy=ent
+    )
     full.backward()
     y = lp.clone().requires_grad_()
     total, sums = torch.zeros(()), {}
@@ -139,7 +147,7 @@ def test_micro_batches_with_global_counts_equal_one_batch(mode):
             old[rows, :t_i],
             adv[rows],
             mask[rows, :t_i],
-            cfg,
+            LossSpec.of(cfg),
             norm,
             token_weights=weights[rows, :t_i],
             ref_logprobs=ref[rows, :t_i],
@@ -158,8 +166,8 @@ def test_micro_batches_with_global_counts_equal_one_batch(mode):
 
 def test_stats_are_sums_over_valid_tokens():
     lp, old, ref, ent, adv, mask = batch(5)
-    cfg = AlgorithmConfig(clip_eps_high=0.28, dual_clip_c=3.0)
-    _, stats = policy_loss(lp, old, adv, mask, cfg, LossNormalizer.from_mask(mask))
+    cfg = AlgorithmConfig(policy_loss={"clip_eps_high": 0.28, "dual_clip_c": 3.0})
+    _, stats = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), LossNormalizer.from_mask(mask))
     r = torch.exp(lp - old)
     a = adv.unsqueeze(1).expand_as(lp)
     assert stats["tokens"].item() == mask.sum().item()
@@ -175,12 +183,12 @@ def test_clip_cov_detaches_gradients_but_keeps_value():
     adv = adv * 5
     adv[2] = 1.5  # every valid token then has a nonzero gradient to lose
     norm = LossNormalizer.from_mask(mask)
-    cfg = AlgorithmConfig(entropy_control="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=-100.0, clip_cov_ub=100.0)
+    cfg = AlgorithmConfig(entropy_control={"name": "clip_cov", "clip_cov": {"ratio": 0.2, "lb": -100.0, "ub": 100.0}})
     x = lp.clone().requires_grad_()
-    loss, stats = policy_loss(x, old, adv, mask, cfg, norm, generator=torch.Generator().manual_seed(0))
+    loss, stats = policy_loss(x, old, adv, mask, LossSpec.of(cfg), norm, generator=torch.Generator().manual_seed(0))
     loss.backward()
     base_x = lp.clone().requires_grad_()
-    base, _ = policy_loss(base_x, old, adv, mask, AlgorithmConfig(), norm)
+    base, _ = policy_loss(base_x, old, adv, mask, LossSpec.of(AlgorithmConfig()), norm)
     base.backward()
     assert loss.item() == pytest.approx(base.item(), rel=1e-12)
     changed = x.grad != base_x.grad
@@ -191,9 +199,9 @@ def test_clip_cov_detaches_gradients_but_keeps_value():
 def test_top_entropy_keeps_gradient_only_on_top_tokens():
     lp, old, ref, ent, adv, mask = batch(7)
     norm = LossNormalizer.from_mask(mask)
-    cfg = AlgorithmConfig(entropy_control="top_entropy", top_entropy_fraction=0.2)
+    cfg = AlgorithmConfig(entropy_control={"name": "top_entropy", "top_entropy": {"fraction": 0.2}})
     x = lp.clone().requires_grad_()
-    loss, stats = policy_loss(x, old, adv, mask, cfg, norm, entropy=ent)
+    loss, stats = policy_loss(x, old, adv, mask, LossSpec.of(cfg), norm, entropy=ent)
     loss.backward()
     n = int(mask.sum())
     k = math.ceil(0.2 * n)
@@ -202,14 +210,14 @@ def test_top_entropy_keeps_gradient_only_on_top_tokens():
     assert (ent[nonzero] >= threshold).all()
     assert stats["controlled"].item() == n - k
     with pytest.raises(ValueError, match="entropy"):
-        policy_loss(lp, old, adv, mask, cfg, norm)
+        policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm)
 
 
 def test_kl_cov_is_unclipped_surrogate_plus_penalty():
     lp, old, ref, ent, adv, mask = batch(8)
     norm = LossNormalizer.from_mask(mask)
-    cfg = AlgorithmConfig(entropy_control="kl_cov", kl_cov_ratio=0.3, kl_cov_coef=2.0)
-    loss, stats = policy_loss(lp, old, adv, mask, cfg, norm)
+    cfg = AlgorithmConfig(entropy_control={"name": "kl_cov", "kl_cov": {"ratio": 0.3, "coef": 2.0}})
+    loss, stats = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm)
     a = adv.unsqueeze(1).expand_as(lp)
     unclipped = (-a * torch.exp(lp - old))[mask].sum()
     lp_c = lp - lp[mask].mean()
@@ -225,8 +233,8 @@ def test_value_errors():
     lp, old, ref, ent, adv, mask = batch(9)
     norm = LossNormalizer.from_mask(mask)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(lp, old, adv, mask, AlgorithmConfig(kl_coef=0.1), norm)
+        policy_loss(lp, old, adv, mask, LossSpec.of(AlgorithmConfig(kl={"coef": 0.1})), norm)
     with pytest.raises(ValueError, match="entropy"):
-        policy_loss(lp, old, adv, mask, AlgorithmConfig(entropy_coef=0.1), norm)
+        policy_loss(lp, old, adv, mask, LossSpec.of(AlgorithmConfig(entropy_bonus={"coef": 0.1})), norm)
     with pytest.raises(ValueError, match="entropy_coef"):
-        policy_loss(lp, old, adv, mask, AlgorithmConfig(), norm, entropy_coef=float("nan"))
+        policy_loss(lp, old, adv, mask, LossSpec.of(AlgorithmConfig()), norm, entropy_coef=float("nan"))

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer, aggregate_loss, policy_loss
+from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer, LossSpec, aggregate_loss, policy_loss
 from stare_lightning.algorithms.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from stare_lightning.algorithms.policy_losses import POLICY_LOSSES, ClipRange
 from stare_lightning.algorithms.registry import Registry
@@ -104,15 +104,17 @@ def test_cispo_keeps_every_token_and_clips_only_the_weight(weighted):
 def test_policy_loss_dispatches_by_name_and_refuses_what_a_loss_cannot_do():
     current, old, advantages, mask, _ = _batch()
     normalizer = LossNormalizer.from_mask(mask)
-    cfg = AlgorithmConfig(policy_loss="cispo", clip_eps_low=1.0, clip_eps_high=0.2)
-    loss, _ = policy_loss(current, old, advantages, mask, cfg, normalizer)
+    cfg = AlgorithmConfig(policy_loss={"name": "cispo", "clip_eps_low": 1.0, "clip_eps_high": 0.2})
+    loss, _ = policy_loss(current, old, advantages, mask, LossSpec.of(cfg), normalizer)
     assert float(loss) == pytest.approx(float(_cispo_reference(current, old, advantages, mask, 1.0, 0.2)), abs=1e-12)
-    with pytest.raises(ValueError, match="dual_clip_c=10.0 does nothing with algorithm.policy_loss=gspo"):
-        AlgorithmConfig(policy_loss="gspo", dual_clip_c=10.0)
-    with pytest.raises(ValueError, match="entropy_control=clip_cov is defined on PPO's token clip"):
-        AlgorithmConfig(policy_loss="cispo", entropy_control="clip_cov")
-    with pytest.raises(ValueError, match=r"policy_loss='sapo' is not allowed: choose one of \['ppo', 'gspo', 'cispo'"):
-        AlgorithmConfig(policy_loss="sapo")
+    with pytest.raises(ValueError, match="dual_clip_c=10.0 does nothing with algorithm.policy_loss.name=gspo"):
+        AlgorithmConfig(policy_loss={"name": "gspo", "dual_clip_c": 10.0})
+    with pytest.raises(ValueError, match="entropy_control.name=clip_cov is defined on PPO's token clip"):
+        AlgorithmConfig(policy_loss={"name": "cispo"}, entropy_control={"name": "clip_cov"})
+    with pytest.raises(
+        ValueError, match=r"policy_loss.name='sapo' is not allowed: choose one of \['ppo', 'gspo', 'cispo'"
+    ):
+        AlgorithmConfig(policy_loss={"name": "sapo"})
 
 
 def test_a_registered_estimator_is_a_config_value_at_once():
@@ -123,7 +125,7 @@ def test_a_registered_estimator_is_a_config_value_at_once():
     name = "median_baseline"
     try:
         ADVANTAGE_ESTIMATORS.register(name)(lambda r, eps: r - r.median(dim=1, keepdim=True).values)
-        assert AlgorithmConfig(advantage=name).advantage == name
+        assert AlgorithmConfig(advantage={"name": name}).advantage.name == name
         rewards = torch.tensor([[0.0, 1.0, 1.0]])
         assert compute_advantages(rewards, name).tolist() == [[-1.0, 0.0, 0.0]]
     finally:

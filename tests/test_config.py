@@ -129,9 +129,10 @@ def test_tool_settings_without_a_tool_are_refused(tmp_path, overrides, message):
 def test_paper_recipe_matches_the_method_doc(tmp_path):
     _, run = compose_run(tmp_path, ["experiment=paper_7b_short_cot", "data.train_files=[/x.parquet]"])
     alg = run.algorithm
-    assert (alg.clip_eps_low, alg.clip_eps_high, alg.dual_clip_c) == (0.2, 0.28, 10.0)
-    assert alg.loss_agg == "token-mean" and alg.kl_coef == 0 and alg.entropy_coef == 0
-    assert alg.dynamic_sampling and alg.max_generation_batches == 10
+    loss = alg.policy_loss
+    assert (loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c) == (0.2, 0.28, 10.0)
+    assert alg.update.loss_agg == "token-mean" and alg.kl.coef == 0 and alg.entropy_bonus.coef == 0
+    assert alg.collection.dynamic_sampling and alg.collection.max_generation_batches == 10
     assert (alg.stare.top_ratio, alg.stare.w, alg.stare.m, alg.stare.target_entropy) == (0.1, 1.1, 0.9, 0.3)
     assert run.optim.lr == 1e-6 and run.data.prompts_per_step == 64 and run.rollout.n == 8
     assert run.data.max_prompt_length == 1024 and run.rollout.max_new_tokens == 3072
@@ -143,7 +144,7 @@ def test_paper_recipe_matches_the_method_doc(tmp_path):
     [
         ("algorithm.stare.variant=O3", "variant"),
         ("algorithm.stare.top_ratio=1.5", "top_ratio"),
-        ("algorithm.loss_agg=sum", "loss_agg"),
+        ("algorithm.update.loss_agg=sum", "loss_agg"),
         ("rollout.backend=sglang", "rollout.backend"),
         ("rollout.top_p=0", "rollout.top_p"),
         ("optim.schedule=linear", "optim.schedule"),
@@ -152,13 +153,13 @@ def test_paper_recipe_matches_the_method_doc(tmp_path):
         ("rollout.n=abc", "rollout.n"),
         ("rollout.n=1", "rollout.n=1"),
         ("rollout.top_k=-1", "rollout.top_k=-1"),
-        ("algorithm.mismatch_correction=geometric", "algorithm.mismatch_correction='geometric'"),
-        ("algorithm.mismatch_cap=0", "algorithm.mismatch_cap=0.0"),
+        ("algorithm.mismatch.correction=geometric", "algorithm.mismatch.correction='geometric'"),
+        ("algorithm.mismatch.cap=0", "algorithm.mismatch.cap=0.0"),
         ("optim.min_lr_ratio=2", "optim.min_lr_ratio=2.0"),
         ("model.cold_start.batch_size=0", "model.cold_start.batch_size=0"),
         ("validation.pass_k=[0]", "validation.pass_k[0]=0"),
         ("rollout.enable_sleep_mode=true", "rollout.enable_sleep_mode=true does nothing here"),  # trainer=cpu
-        ("algorithm.gate_aggregation=median", "algorithm.gate_aggregation='median'"),
+        ("algorithm.stare.gate_aggregation=median", "algorithm.stare.gate_aggregation='median'"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, override, needle):
@@ -188,7 +189,7 @@ def test_unknown_key_is_rejected(tmp_path):
     with pytest.raises(Exception) as info:
         compose_run(tmp_path, ["+algorithm.stare.wieght=2.0"])
     assert "wieght" in str(info.value)
-    with pytest.raises(Exception) as info:  # moved to algorithm.mismatch_correction
+    with pytest.raises(Exception) as info:  # moved to algorithm.mismatch.correction
         compose_run(tmp_path, ["+rollout.mismatch_correction=token"])
     assert "mismatch_correction" in str(info.value)
 
@@ -196,11 +197,11 @@ def test_unknown_key_is_rejected(tmp_path):
 def test_mismatch_correction_is_an_algorithm_setting(tmp_path):
     _, run = compose_run(
         tmp_path,
-        ["algorithm.mismatch_correction=sequence", "algorithm.mismatch_mode=mask", "algorithm.mismatch_cap=3.0"],
+        ["algorithm.mismatch.correction=sequence", "algorithm.mismatch.mode=mask", "algorithm.mismatch.cap=3.0"],
     )
     alg = run.algorithm
-    assert (alg.mismatch_correction, alg.mismatch_mode, alg.mismatch_cap) == ("sequence", "mask", 3.0)
-    assert alg.uses_mismatch_correction()
+    assert (alg.mismatch.correction, alg.mismatch.mode, alg.mismatch.cap) == ("sequence", "mask", 3.0)
+    assert alg.mismatch.enabled
 
 
 def test_one_table_of_subcommands():

@@ -86,7 +86,7 @@ def test_allowed_values_are_the_schemas_own_checks(keys):
     assert not unknown, f"checks name keys the schema does not have: {unknown}"
     assert by_key["algorithm.stare.scope"].allowed == "one of [" + ", ".join(repr(s) for s in STARE_SCOPES) + "]"
     assert by_key["tools.isolation"].allowed == "one of [" + ", ".join(repr(s) for s in ISOLATIONS) + "]"
-    assert by_key["algorithm.dual_clip_c"].allowed == "a number > 1.0"  # checked only when set: probed
+    assert by_key["algorithm.policy_loss.dual_clip_c"].allowed == "a number > 1.0"  # checked only when set: probed
     assert by_key["validation.pass_k"].allowed == "each: an integer >= 1"
     assert by_key["data.val_sets[].top_p"].allowed == "a number in (0.0, 1.0]"
     # The default run's value beside the schema's default.

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from stare_lightning.algorithms import StepParams, policy_loss
+from stare_lightning.algorithms import LossSpec, StepParams, policy_loss
 from stare_lightning.cli import compose, prepare_config
 from stare_lightning.rollout.base import SamplingParams
 from stare_lightning.rollout.episodes import ToolEpisodes
@@ -19,7 +19,8 @@ from stare_lightning.step import Experience
 from stare_lightning.step.batch import build_rollout_batch
 from stare_lightning.step.loss import micro_batch_loss
 from stare_lightning.step.normalizer import step_normalizer
-from stare_lightning.step.selection import step_selection
+from stare_lightning.step.plan import LossPlan
+from stare_lightning.step.selection import TokenSelection, step_selection
 from stare_lightning.tools import ToolResult, build_format, build_tool
 
 # One xdist worker runs this module: its tests share the tool policy's cold start (a module fixture; another
@@ -194,13 +195,13 @@ def experience(policy, tokenizer, prompts):
 
 
 def _stare(overrides=()):
-    cfg = prepare_config(compose(["algorithm=stare_o1", "algorithm.kl_coef=0.1", *overrides]))[1]
+    cfg = prepare_config(compose(["algorithm=stare_o1", "algorithm.kl.coef=0.1", *overrides]))[1]
     return cfg.algorithm
 
 
 def test_loss_gradient_never_reaches_the_logits_of_tool_tokens(policy, experience):
     batch, tool_tokens = experience
-    alg = _stare(["algorithm.entropy_coef=0.01", "algorithm.stare.scope=micro_batch"])
+    alg = _stare(["algorithm.entropy_bonus.coef=0.01", "algorithm.stare.scope=micro_batch"])
     model = type(policy).from_pretrained(policy.name_or_path).train()
     logits_seen = []
 
@@ -212,8 +213,9 @@ def test_loss_gradient_never_reaches_the_logits_of_tool_tokens(policy, experienc
     part = Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
     normalizer = step_normalizer(part, max_response_length=BUDGET, device=torch.device("cpu"))
     params = StepParams(gate_on=True, w=3.0, m=0.0)
-    result = micro_batch_loss(model, policy, part, normalizer, alg, params=params, entropy_coef=0.01,
-                              temperature=1.0, chunk_size=64)  # fmt: skip
+    result = micro_batch_loss(model, policy, part, normalizer, LossPlan.resolve(alg), params=params, entropy_coef=0.01,
+                              temperature=1.0, chunk_size=64,
+                              selection=TokenSelection.resolve(alg.stare, group_size=1))  # fmt: skip
     result.loss.backward()
     grad = logits_seen[0].grad  # [rows, response_width + 1, vocab]: column c scores response token c
     per_token = grad[:, :-1].abs().sum(-1)
@@ -238,11 +240,12 @@ def test_values_at_tool_tokens_change_neither_selection_nor_loss(experience):
             values[name] = torch.where(tool_tokens, other, value)
         params = StepParams(gate_on=True, w=3.0, m=0.0)
         omega, stats = step_selection(values["logprobs"], batch.advantages, batch.response_mask, values["phi"],
-                                      alg, params, group_size=4)  # fmt: skip
+                                      alg.stare, params, group_size=4)  # fmt: skip
         assert not (stats.selected & tool_tokens).any()
         normalizer = step_normalizer(batch, max_response_length=BUDGET, device=torch.device("cpu"))
-        loss, sums = policy_loss(values["logprobs"], values["old"], batch.advantages, batch.response_mask, alg,
-                                 normalizer, token_weights=omega, ref_logprobs=values["ref"])  # fmt: skip
+        loss, sums = policy_loss(values["logprobs"], values["old"], batch.advantages, batch.response_mask,
+                                 LossSpec.of(alg), normalizer, token_weights=omega,
+                                 ref_logprobs=values["ref"])  # fmt: skip
         outcomes.append((loss, stats.selected, sums["tokens"]))
     assert torch.equal(outcomes[0][1], outcomes[1][1])
     assert outcomes[0][0].item() == outcomes[1][0].item() and torch.isfinite(outcomes[0][0])

@@ -206,7 +206,7 @@ DDP_STEPS = [*FAST, "trainer.precision=32-true", "validation.before_fit=false", 
 # Token-level truncated importance sampling of the engine/trainer mismatch, its cap below every ratio the HF
 # engine can show (its log-probs are the trainer's up to kernel noise), so that each token's weight is the cap.
 MISMATCH_CAP = 0.5
-CORRECTED = ["algorithm.mismatch_correction=token", f"algorithm.mismatch_cap={MISMATCH_CAP}"]
+CORRECTED = ["algorithm.mismatch.correction=token", f"algorithm.mismatch.cap={MISMATCH_CAP}"]
 SAME_ON_EVERY_LAYOUT = ["loss", "pg_loss", "entropy", "reward/mean", "grad_norm", "response_length/mean",
                         "stare/selected_frac/pos", "stare/selected_frac/neg"]  # fmt: skip
 
@@ -434,7 +434,7 @@ def test_gspo_and_cispo_train_with_and_without_stare(tmp_path, model_cache, algo
     from stare_lightning import train
 
     common = ["trainer.max_steps=4", "validation.before_fit=false", "trainer.val_check_interval=100"]
-    cfg = compose_run(tmp_path, [*common, f"algorithm={algorithm}", "algorithm.mini_batches=2",
+    cfg = compose_run(tmp_path, [*common, f"algorithm={algorithm}", "algorithm.update.mini_batches=2",
                                  "algorithm.stare.target_entropy=100.0"])  # fmt: skip
     module, datamodule = train._setup(cfg)
     module.configure_model()

@@ -77,14 +77,20 @@ def run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2):
         pytest.param(["algorithm.stare.scope=micro_batch", "forward.micro_batch_tokens=64"], "micro_batch", 1, id="mb"),
         pytest.param(["algorithm.stare.selector=sensitivity"], "optimizer_step", 1, id="sensitivity"),
         pytest.param(
-            ["algorithm.stare.surprisal_source=old", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2"],
+            [
+                "algorithm.stare.surprisal_source=old",
+                "algorithm.update.ppo_epochs=2",
+                "algorithm.update.mini_batches=2",
+            ],
             "step",
             4,
             id="old-kept",
         ),
         pytest.param(["algorithm.stare.scope=sequence"], "micro_batch", 1, id="sequence-current"),
         pytest.param(["algorithm=stare_o1_official", "forward.micro_batch_tokens=64"], "micro_batch", 1, id="official"),
-        pytest.param(["algorithm.ppo_epochs=2", "algorithm.mini_batches=2"], "optimizer_step", 4, id="reselect"),
+        pytest.param(
+            ["algorithm.update.ppo_epochs=2", "algorithm.update.mini_batches=2"], "optimizer_step", 4, id="reselect"
+        ),
     ],
 )
 def test_logged_selection_is_the_applied_one(
@@ -108,7 +114,7 @@ def test_reselection_ranks_the_current_policy(tmp_path, model_cache, monkeypatch
     is the selection of the policy after the first optimizer step (and, at this learning rate, not the first's)."""
     from stare_lightning.algorithms import stare_weights_for_scope
 
-    overrides = ["algorithm.ppo_epochs=2", "optim.lr=0.05", "forward.micro_batch_tokens=100000"]
+    overrides = ["algorithm.update.ppo_epochs=2", "optim.lr=0.05", "forward.micro_batch_tokens=100000"]
     _, _, records = run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2)
     first, second = (r for r in records if r["optimizer_step"] < 2)  # one micro-batch per optimizer step
     assert first["omega"] is not None and second["omega"] is not None

@@ -30,7 +30,7 @@ SAME_STEPS = [
     *FAST,
     "algorithm=stare_o1",
     "algorithm.stare.target_entropy=10.0",
-    "algorithm.dynamic_sampling=true",
+    "algorithm.collection.dynamic_sampling=true",
     "trainer.precision=32-true",
     "validation.before_fit=false",
     "trainer.val_check_interval=100",
@@ -143,7 +143,7 @@ def test_two_process_fsdp_fit_matches_one_process_and_resumes(reference, tmp_pat
 def test_two_process_ppo_mini_batches_match_one_process(tmp_path, model_cache):
     """Two optimizer steps per rollout batch: the mini-batches are split over the global batch, not per rank."""
     # max_steps counts optimizer steps: 2 rollout batches x 2 epochs x 2 mini-batches.
-    ppo = ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2", "trainer.max_steps=8"]
+    ppo = ["algorithm.update.mini_batches=2", "algorithm.update.ppo_epochs=2", "trainer.max_steps=8"]
     one, two = tmp_path / "one_process", tmp_path / "fsdp"
     _fit([f"output_dir={one}", *ONE_PROCESS, *ppo], model_cache, tmp_path)
     _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", *ppo], model_cache, tmp_path)

@@ -35,13 +35,17 @@ def test_every_default_is_a_registered_choice():
 
     with recorded_rules() as rules:
         AlgorithmConfig(stare=STAREConfig(enabled=True))
-    for key in ("algorithm.advantage", "algorithm.policy_loss", "algorithm.stare.selector", "algorithm.stare.scope"):
+    keys = ("algorithm.advantage.name", "algorithm.policy_loss.name", "algorithm.entropy_control.name")
+    for key in (*keys, "algorithm.update.loss_agg", "algorithm.stare.selector", "algorithm.stare.scope"):
         assert rules[key].startswith("one of ["), rules
 
 
-@pytest.mark.parametrize("key, value", [("policy_loss", "trpo"), ("advantage", "gae2"), ("loss_agg", "mean")])
-def test_a_choice_other_than_the_default_is_still_checked(key, value):
+@pytest.mark.parametrize(
+    "group, key, value",
+    [("policy_loss", "name", "trpo"), ("advantage", "name", "gae2"), ("update", "loss_agg", "mean")],
+)
+def test_a_choice_other_than_the_default_is_still_checked(group, key, value):
     from stare_lightning.algorithms.config import AlgorithmConfig
 
-    with pytest.raises(ValueError, match=rf"algorithm\.{key}='{value}' is not allowed: choose one of \["):
-        AlgorithmConfig(**{key: value})
+    with pytest.raises(ValueError, match=rf"algorithm\.{group}\.{key}='{value}' is not allowed: choose one of \["):
+        AlgorithmConfig(**{group: {key: value}})

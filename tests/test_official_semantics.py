@@ -23,10 +23,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from stare_lightning.algorithms import AlgorithmConfig
-from stare_lightning.step import Experience, micro_batch_loss, micro_batches
+from stare_lightning.step import Experience, LossPlan, micro_batch_loss, micro_batches
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import score_batch
-from stare_lightning.step.selection import gate_entropy
+from stare_lightning.step.selection import TokenSelection, gate_entropy
 from tests.experiences import on_policy_experience
 from tests.test_algorithms_config import CONF_DIR
 
@@ -37,8 +37,10 @@ def official_config(**changes) -> AlgorithmConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR.parent), version_base="1.3"):
         composed = compose("algorithm/stare_o1_official").algorithm
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), composed))
-    stare = dataclasses.replace(cfg.stare, w=W, **changes.pop("stare", {}))
-    return dataclasses.replace(cfg, stare=stare, **changes)
+    changes["stare"] = {"w": W, **changes.get("stare", {})}
+    return dataclasses.replace(
+        cfg, **{group: dataclasses.replace(getattr(cfg, group), **v) for group, v in changes.items()}
+    )
 
 
 def fixed_batch(vocab: int) -> Experience:
@@ -90,10 +92,10 @@ def reference_step(model, parts, alg: AlgorithmConfig, sequences: int):
         ratio = torch.exp(logprobs - old)
         adv = part.advantages[:, None].expand_as(logprobs)
         omega = reference_omega(-old, part.advantages, mask, alg.stare.top_ratio)
-        clipped = torch.clamp(ratio, 1 - alg.clip_eps_low, 1 + alg.clip_eps_high)
+        clipped = torch.clamp(ratio, 1 - alg.policy_loss.clip_eps_low, 1 + alg.policy_loss.clip_eps_high)
         per_token = torch.maximum(-adv * ratio, -adv * clipped)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * alg.dual_clip_c), per_token)
-        loss = aggregate(per_token * omega, mask, alg.loss_agg) * part.num_rows / sequences
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * alg.policy_loss.dual_clip_c), per_token)
+        loss = aggregate(per_token * omega, mask, alg.update.loss_agg) * part.num_rows / sequences
         loss.backward()
         out.append((omega, loss.detach()))
     return out
@@ -116,9 +118,9 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
     with torch.no_grad():
         _, entropy = reference_logprobs_and_entropy(reference, experience)
     want_gate = aggregate(entropy, mask, loss_agg)
-    alg = official_config(loss_agg=loss_agg, stare={"target_entropy": float(want_gate) + 1e-3})
+    alg = official_config(update={"loss_agg": loss_agg}, stare={"target_entropy": float(want_gate) + 1e-3})
     scores = score_batch(policy, experience, temperature=TEMPERATURE, chunk_size=7, micro_batch_tokens=40)
-    gate = gate_entropy(scores.entropy, experience, alg, max_response_length=MAX_NEW_TOKENS)
+    gate = gate_entropy(scores.entropy, experience, alg.gate_loss_agg(), max_response_length=MAX_NEW_TOKENS)
     assert gate == pytest.approx(float(want_gate), abs=1e-6)
     params = alg.stare.make_controller().update(gate)
     assert params.gate_on and params.w == W
@@ -134,8 +136,8 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
     got = []
     for part in parts:
         result = micro_batch_loss(
-            policy, None, part, normalizer, alg, params=params, entropy_coef=0.0, temperature=TEMPERATURE,
-            chunk_size=7,
+            policy, None, part, normalizer, LossPlan.resolve(alg), params=params, entropy_coef=0.0,
+            temperature=TEMPERATURE, chunk_size=7, selection=TokenSelection.resolve(alg.stare, group_size=1),
         )  # fmt: skip
         result.loss.backward()
         assert float(result.sums["ratio_sum"]) == float(result.sums["tokens"])  # ratio exactly 1 on every token
@@ -151,9 +153,9 @@ def test_official_loss_matches_the_reference_procedure(tiny_dir, loss_agg):
 
 
 def test_official_old_logprobs_are_the_detached_current_ones_only_on_policy():
-    assert official_config().on_policy_old_logprobs == "forward"
+    assert official_config().update.on_policy_old_logprobs == "forward"
     with pytest.raises(ValueError, match="on_policy_old_logprobs=forward applies to on-policy steps only"):
-        official_config(ppo_epochs=2)
+        official_config(update={"ppo_epochs": 2})
 
 
 def _reference_top_surprisal(surprisal, candidates, top_ratio):

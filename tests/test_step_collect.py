@@ -64,14 +64,15 @@ def pool():
 OFFICIAL = {"dynamic_sampling_metric": "score", "budget_exhausted": "stop"}
 
 
-def _collect(pool, engine, items, more=None, **alg):
-    cfg = AlgorithmConfig(**alg)
+def _collect(pool, engine, items, more=None, **collection):
+    cfg = AlgorithmConfig(collection=collection)
     return collect(
         items,
         engine,
         pool,
         SamplingParams(n=N, max_new_tokens=8),
-        cfg,
+        cfg.collection,
+        cfg.advantage,
         pad_token_id=0,
         more_prompts=more,
         seed=7,

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from stare_lightning.algorithms import AlgorithmConfig, StepParams
-from stare_lightning.step import Experience, micro_batch_loss, micro_batches
+from stare_lightning.step import Experience, LossPlan, micro_batch_loss, micro_batches
 from stare_lightning.step.forward import PADDED, ForwardLayout, PackedRows, response_token_stats
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import score_batch
-from stare_lightning.step.selection import step_selection
+from stare_lightning.step.selection import TokenSelection, step_selection
 from tests.experiences import on_policy_experience
 from tests.test_official_semantics import official_config
 
@@ -135,8 +135,9 @@ def _official_stare_run(policy, batch, layout):
     policy.zero_grad(set_to_none=True)
     loss, selected = torch.zeros(()), 0
     for part in micro_batches(batch, 64):
-        result = micro_batch_loss(policy, None, part, normalizer, alg, params=params, entropy_coef=0.0,
-                                  temperature=TEMPERATURE, chunk_size=7, layout=layout)  # fmt: skip
+        result = micro_batch_loss(policy, None, part, normalizer, LossPlan.resolve(alg), params=params,
+                                  entropy_coef=0.0, temperature=TEMPERATURE, chunk_size=7, layout=layout,
+                                  selection=TokenSelection.resolve(alg.stare, group_size=1))  # fmt: skip
         result.loss.backward()
         loss, selected = loss + result.loss.detach(), selected + int(result.stare_selected.sum())
     return loss, selected, {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
@@ -165,7 +166,7 @@ def test_the_step_scope_selection_is_unchanged(policy, name):
     for layout in (PADDED, LAYOUTS[name]):
         scores = score_batch(policy, batch, temperature=TEMPERATURE, chunk_size=7, micro_batch_tokens=64,
                              layout=layout)  # fmt: skip
-        _, selection = step_selection(scores.logprobs, batch.advantages, batch.response_mask, scores.phi, alg,
+        _, selection = step_selection(scores.logprobs, batch.advantages, batch.response_mask, scores.phi, alg.stare,
                                       params, group_size=3)  # fmt: skip
         selections.append(selection.selected)
     assert selections[0].any() and torch.equal(selections[0], selections[1])

@@ -186,9 +186,9 @@ def _balanced_step(policy, prompts, responses, advantages, budget: int = 30):
     batch = on_policy_experience(prompts, responses, advantages, n=2)
     stare = STAREConfig(enabled=True, scope="micro_batch", target_entropy=100.0, top_ratio=0.25,
                         k_rounding="reference", tie_order="topk")  # fmt: skip
-    alg = AlgorithmConfig(stare=stare, micro_batch_partition="balanced", loss_normalizer="micro_batch")
+    alg = AlgorithmConfig(stare=stare, update={"micro_batch_partition": "balanced", "loss_normalizer": "micro_batch"})
     plan = StepPlan.resolve(alg, RolloutConfig(n=2), ForwardConfig(micro_batch_tokens=budget))
-    runner = StepRunner(plan, alg, verifiers=None, sampling=None, pad_token_id=0, policy=policy,
+    runner = StepRunner(plan, verifiers=None, sampling=None, pad_token_id=0, policy=policy,
                         optimizer_step=GradientRecorder(policy), controller=stare.make_controller())  # fmt: skip
     return runner.learn(_collection(batch), seed=0), stare
 
@@ -256,10 +256,12 @@ def test_balanced_mini_batches_take_the_dealt_rows_in_order(tiny_dir):
     policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     prompts, responses, advantages = _runner_rows(policy.config.vocab_size)
     batch = on_policy_experience(prompts, responses, advantages, n=2)
-    alg = AlgorithmConfig(mini_batches=2, micro_batch_partition="balanced", loss_normalizer="micro_batch")
+    alg = AlgorithmConfig(
+        update={"mini_batches": 2, "micro_batch_partition": "balanced", "loss_normalizer": "micro_batch"}
+    )
     plan = StepPlan.resolve(alg, RolloutConfig(n=2), ForwardConfig(micro_batch_tokens=25))
     recorder = GradientRecorder(policy, lr=0.1)
-    runner = StepRunner(plan, alg, verifiers=None, sampling=None, pad_token_id=0, policy=policy,
+    runner = StepRunner(plan, verifiers=None, sampling=None, pad_token_id=0, policy=policy,
                         optimizer_step=recorder)  # fmt: skip
     result = runner.learn(_collection(batch), seed=3)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]

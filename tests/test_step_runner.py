@@ -109,25 +109,28 @@ def test_the_plan_follows_the_config():
     stare = STAREConfig(enabled=True)
     grpo = _plan(AlgorithmConfig())
     assert not grpo.scoring_pass and grpo.selection is SelectionTiming.STEP and not grpo.reselect
-    assert grpo.gate_aggregation == "token-mean" and grpo.loss_normalizer == "step"
-    off_policy = _plan(AlgorithmConfig(ppo_epochs=2))
-    assert off_policy.scoring_pass and not off_policy.reselect and not off_policy.old_logprobs_from_forward
-    assert _plan(AlgorithmConfig(entropy_target=0.5)).scoring_pass  # the adaptive coefficient needs H first
+    assert grpo.gate_aggregation == "token-mean" and not grpo.loss.micro_batch_token_mean
+    off_policy = _plan(AlgorithmConfig(update={"ppo_epochs": 2}))
+    assert off_policy.scoring_pass and not off_policy.reselect and not off_policy.loss.old_logprobs_from_forward
+    assert _plan(AlgorithmConfig(entropy_bonus={"target": 0.5})).scoring_pass  # the adaptive coefficient needs H first
     step_scope = _plan(AlgorithmConfig(stare=stare))
     assert step_scope.scoring_pass and step_scope.selection is SelectionTiming.OPTIMIZER_STEP and step_scope.reselect
     inside = _plan(AlgorithmConfig(stare=dataclasses.replace(stare, scope="micro_batch")))
     assert inside.selection is SelectionTiming.MICRO_BATCH and not inside.reselect
     official = _plan(
         AlgorithmConfig(
-            stare=dataclasses.replace(stare, scope="micro_batch"),
-            loss_agg="seq-mean-token-mean",
-            gate_aggregation="like_loss",
-            loss_normalizer="micro_batch",
-            on_policy_old_logprobs="forward",
+            stare=dataclasses.replace(stare, scope="micro_batch", gate_aggregation="like_loss"),
+            update={
+                "loss_agg": "seq-mean-token-mean",
+                "loss_normalizer": "micro_batch",
+                "on_policy_old_logprobs": "forward",
+            },
         )
     )
-    assert official.old_logprobs_from_forward and official.gate_aggregation == "seq-mean-token-mean"
-    assert official.loss_normalizer == "micro_batch"
+    assert official.loss.old_logprobs_from_forward and official.gate_aggregation == "seq-mean-token-mean"
+    assert not official.loss.micro_batch_token_mean  # a micro-batch's own token mean applies to token-mean only
+    own_mean = AlgorithmConfig(update={"loss_normalizer": "micro_batch"})
+    assert _plan(own_mean).loss.micro_batch_token_mean
     assert official.forward.temperature == TEMPERATURE and official.forward.micro_batch_tokens == 40
 
 
@@ -136,9 +139,9 @@ def test_an_on_policy_step_is_the_policy_gradient_of_its_rows(policy):
     -sum(A log pi) / tokens (ratio 1), and whose statistics are the rollout policy's."""
     prompts, responses, advantages = _rows(policy.config.vocab_size)
     batch = on_policy_experience(prompts, responses, advantages, n=N)
-    alg = AlgorithmConfig(clip_eps_high=0.28)
+    alg = AlgorithmConfig(policy_loss={"clip_eps_high": 0.28})
     recorder = GradientRecorder(policy)
-    runner = StepRunner(_plan(alg, micro_batch_tokens=20), alg, verifiers=None, sampling=None, pad_token_id=0,
+    runner = StepRunner(_plan(alg, micro_batch_tokens=20), verifiers=None, sampling=None, pad_token_id=0,
                         policy=policy, optimizer_step=recorder)  # fmt: skip
     phases = []
     result = runner.learn(_collection(batch), seed=1, lap=phases.append)
@@ -159,7 +162,7 @@ def test_an_on_policy_step_is_the_policy_gradient_of_its_rows(policy):
 
 
 def test_token_mismatch_correction_weights_each_token_by_its_capped_ratio(policy):
-    """algorithm.mismatch_correction=token: each token's loss is weighted by min(pi_train / pi_rollout, cap), the
+    """algorithm.mismatch.correction=token: each token's loss is weighted by min(pi_train / pi_rollout, cap), the
     engine's log-prob being what it reported (-1 nats for every token here). The weights are computed here from that
     definition, the cap set between the ratios so that some tokens are capped and some not; the step's gradient is
     that of -sum(A w log pi) / tokens (ratio 1, w carrying no gradient)."""
@@ -173,9 +176,9 @@ def test_token_mismatch_correction_weights_each_token_by_its_capped_ratio(policy
     capped = sum(int((ratio > cap).sum()) for ratio in ratios)
     assert 0 < capped < sum(len(r) for r in responses)  # both sides of the cap are exercised
 
-    alg = AlgorithmConfig(mismatch_correction="token", mismatch_cap=cap)
+    alg = AlgorithmConfig(mismatch={"correction": "token", "cap": cap})
     recorder = GradientRecorder(policy)
-    runner = StepRunner(_plan(alg, micro_batch_tokens=20), alg, verifiers=None, sampling=None, pad_token_id=0,
+    runner = StepRunner(_plan(alg, micro_batch_tokens=20), verifiers=None, sampling=None, pad_token_id=0,
                         policy=policy, optimizer_step=recorder)  # fmt: skip
     runner.learn(_collection(batch), seed=1)
     assert len(recorder.grads) == 1
@@ -194,13 +197,15 @@ def test_epochs_and_mini_batches_cover_every_row_once_per_epoch(policy):
     after the first): four optimizer steps, each mini-batch's rows once per epoch, the policy moving between."""
     prompts, responses, advantages = _rows(policy.config.vocab_size)
     batch = on_policy_experience(prompts, responses, advantages, n=N)
-    alg = AlgorithmConfig(ppo_epochs=2, mini_batches=2, stare=STAREConfig(enabled=True, target_entropy=100.0, w=3.0))
+    alg = AlgorithmConfig(
+        stare=STAREConfig(enabled=True, target_entropy=100.0, w=3.0), update={"ppo_epochs": 2, "mini_batches": 2}
+    )
     recorder = GradientRecorder(policy, lr=0.5)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     with torch.no_grad():  # the rollout policy's statistics at the sampling temperature, row by row
         want_logprobs = _reference_logprobs(policy, prompts, responses)
         want_entropy = _reference_entropy(policy, prompts, responses)
-    runner = StepRunner(_plan(alg, micro_batch_tokens=30), alg, verifiers=None, sampling=None, pad_token_id=0,
+    runner = StepRunner(_plan(alg, micro_batch_tokens=30), verifiers=None, sampling=None, pad_token_id=0,
                         policy=policy, optimizer_step=recorder, controller=alg.stare.make_controller())  # fmt: skip
     result = runner.learn(_collection(batch), seed=5)
     assert len(result.grad_norms) == len(recorder.grads) == 4
@@ -248,7 +253,7 @@ def _rank_step(rank: int, world: int, tiny_dir: str, rows_of_rank: list[list[int
         grads.update({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
         return 0.0
 
-    runner = StepRunner(_plan(alg, micro_batch_tokens=20), alg, verifiers=None, sampling=None, pad_token_id=0,
+    runner = StepRunner(_plan(alg, micro_batch_tokens=20), verifiers=None, sampling=None, pad_token_id=0,
                         policy=policy, optimizer_step=keep, world_size=world)  # fmt: skip
     result = runner.learn(_collection(batch), seed=0)
     return {"grads": grads, "micro_batches": len(result.micro_batch_sums)}
@@ -290,7 +295,7 @@ def test_collect_then_learn_against_a_scripted_sampler(policy):
     recorder = GradientRecorder(policy)
     prompts = [{"id": str(i), "prompt_ids": [5 + i, 6, 7], "verifier": "exact", "answer": "yes"} for i in range(3)]
     with VerifierPool() as verifiers:
-        runner = StepRunner(_plan(alg), alg, verifiers=verifiers, sampling=SamplingParams(n=N, max_new_tokens=8),
+        runner = StepRunner(_plan(alg), verifiers=verifiers, sampling=SamplingParams(n=N, max_new_tokens=8),
                             pad_token_id=0, policy=policy, optimizer_step=recorder)  # fmt: skip
         collection = runner.collect(prompts, ScriptedSampler(["yes", "no"], policy.config.vocab_size), seed=0)
     assert collection.correct.tolist() == [[1.0, 0.0]] * 3

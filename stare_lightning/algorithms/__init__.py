@@ -17,6 +17,7 @@ _EXPORTS = {
     "kl_cov_penalty": "stare_lightning.algorithms.entropy_control",
     "token_covariance": "stare_lightning.algorithms.entropy_control",
     "top_entropy_mask": "stare_lightning.algorithms.entropy_control",
+    "LossSpec": "stare_lightning.algorithms.objective",
     "policy_loss": "stare_lightning.algorithms.objective",
     "entropy_sensitivity": "stare_lightning.algorithms.sensitivity",
     "predicted_entropy_change": "stare_lightning.algorithms.sensitivity",

@@ -27,7 +27,7 @@ from stare_lightning.algorithms.registry import Registry
 __all__ = ["ADVANTAGE_ESTIMATORS", "compute_advantages", "zero_variance_groups", "overlong_penalty"]
 
 # An estimator maps rewards [P, G] (float32 or wider) and eps to advantages [P, G].
-ADVANTAGE_ESTIMATORS: Registry[Callable[[Tensor, float], Tensor]] = Registry("algorithm.advantage")
+ADVANTAGE_ESTIMATORS: Registry[Callable[[Tensor, float], Tensor]] = Registry("algorithm.advantage.name")
 
 
 def _check_rewards(rewards: Tensor) -> None:

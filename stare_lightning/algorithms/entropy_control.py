@@ -20,8 +20,8 @@ covariance statistics are computed over the tokens given (a micro-batch, as in t
 and the KL-Cov ranking breaks ties by position.
 
 Scalar settings (ratios, bounds, coefficients, the adaptive coefficient's target and rates) are
-range-checked once, by `AlgorithmConfig` (algorithm.clip_cov_*, kl_cov_*, top_entropy_fraction,
-entropy_*); the functions here check tensor shapes only.
+range-checked once, by their settings in ``algorithms/config.py`` (``algorithm.entropy_control.clip_cov``,
+``.kl_cov``, ``.top_entropy``, ``algorithm.entropy_bonus``); the functions here check tensor shapes only.
 """
 
 from __future__ import annotations
@@ -162,30 +162,31 @@ class ControlTerms:
     unclipped: bool = False  # the surrogate runs without its clip (KL-Cov replaces the clip by its penalty)
 
 
-# An entropy control maps (cfg, logprobs, old_logprobs, advantages [B, T], mask, entropy or None, generator) to
-# its ControlTerms. The names are ``algorithm.entropy_control``'s values.
-ENTROPY_CONTROLS: Registry[Callable[..., ControlTerms]] = Registry("algorithm.entropy_control")
+# An entropy control maps (its own settings node of ``algorithm.entropy_control``, the policy loss's clip,
+# logprobs, old_logprobs, advantages [B, T], mask, entropy or None, generator) to its ControlTerms. The names are
+# ``algorithm.entropy_control.name``'s values.
+ENTROPY_CONTROLS: Registry[Callable[..., ControlTerms]] = Registry("algorithm.entropy_control.name")
 
 
 @ENTROPY_CONTROLS.register("none")
-def no_entropy_control(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+def no_entropy_control(settings, clip, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
     return ControlTerms()
 
 
 @ENTROPY_CONTROLS.register("clip_cov")
-def clip_cov(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+def clip_cov(settings, clip, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
     """Clip-Cov: detach a random draw of high-covariance tokens whose PPO clip is not already active."""
     valid = mask.to(torch.bool)
     with torch.no_grad():
         ratio = torch.exp((logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        low, high = clip_masks(ratio, adv, valid, cfg.clip_eps_low, cfg.clip_eps_high)
+        low, high = clip_masks(ratio, adv, valid, clip.low, clip.high)
         detach = clip_cov_mask(
             logprobs,
             adv,
             mask,
-            clip_ratio=cfg.clip_cov_ratio,
-            lb=cfg.clip_cov_lb,
-            ub=cfg.clip_cov_ub,
+            clip_ratio=settings.ratio,
+            lb=settings.lb,
+            ub=settings.ub,
             exclude=low | high,
             generator=generator,
         )
@@ -193,20 +194,20 @@ def clip_cov(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> Cont
 
 
 @ENTROPY_CONTROLS.register("kl_cov")
-def kl_cov(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+def kl_cov(settings, clip, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
     """KL-Cov: a |log-ratio| penalty on the top-covariance tokens, in place of the clip."""
     penalty, selected = kl_cov_penalty(
-        logprobs, old_logprobs, adv, mask, kl_cov_ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef
+        logprobs, old_logprobs, adv, mask, kl_cov_ratio=settings.ratio, coef=settings.coef
     )
     return ControlTerms(penalty=penalty, controlled=selected, unclipped=True)
 
 
 @ENTROPY_CONTROLS.register("top_entropy")
-def top_entropy(cfg, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+def top_entropy(settings, clip, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
     """The 80/20 rule: only the top-entropy tokens keep their policy gradient."""
     if entropy is None:
         raise ValueError("entropy=None is not allowed with entropy_control='top_entropy': pass per-token entropy")
-    return ControlTerms(detach=mask.to(torch.bool) & ~top_entropy_mask(entropy, mask, cfg.top_entropy_fraction))
+    return ControlTerms(detach=mask.to(torch.bool) & ~top_entropy_mask(entropy, mask, settings.fraction))
 
 
 class AdaptiveEntropyCoefficient:
@@ -215,7 +216,7 @@ class AdaptiveEntropyCoefficient:
     update(H) moves the coefficient by lr toward more bonus when H < target and less when H > target
     (unchanged at equality), clips to [min_coef, max_coef], and returns the value to use in this
     same step. A non-finite H warns and leaves the coefficient unchanged. Expects target, lr >= 0 and
-    min_coef <= init_coef <= max_coef (algorithm.entropy_target, entropy_coef_lr, entropy_coef, entropy_coef_max).
+    min_coef <= init_coef <= max_coef (algorithm.entropy_bonus.target, coef_lr, coef, coef_max).
     """
 
     def __init__(

@@ -9,23 +9,26 @@ What it implements, in this order (docs/method.md, sections 3 and 4):
    dual clip, GSPO, CISPO), multiplied AFTER clipping by the token weights (STARE's omega; Luo et al. 2026,
    arXiv 2606.19236); the entropy control's penalty is then added;
 3. aggregation with the step-global `LossNormalizer`, so the micro-batch losses sum to the step loss;
-4. + kl_coef * (the KL estimator against the reference policy, aggregated the same way);
-5. - entropy_coef * (the entropy bonus, aggregated the same way).
+4. + kl.coef * (the KL estimator against the reference policy, aggregated the same way);
+5. - the entropy bonus's coefficient * (the entropy bonus, aggregated the same way).
+What it reads of the algorithm is a ``LossSpec``: the policy loss, entropy control and KL sub-groups, the
+aggregation and the fixed entropy coefficient.
 With no token weights (or all ones) and no extras this is plain GRPO/PPO, bit for bit.
 
 Departure: KL-Cov follows Cui et al., whose loss replaces the PPO clip by the KL penalty, so with
-entropy_control = "kl_cov" the surrogate is the unclipped ratio times A (clip settings unused).
+entropy_control.name = "kl_cov" the surrogate is the unclipped ratio times A (clip settings unused).
 Clip-Cov keeps the PPO clip and draws only among tokens whose clip is not already active.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms.config import AlgorithmConfig
+from stare_lightning.algorithms.config import AlgorithmConfig, EntropyControlConfig, KLConfig, PolicyLossConfig
 from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS
 from stare_lightning.algorithms.policy_losses import POLICY_LOSSES, ClipRange
 from stare_lightning.algorithms.surrogates import (
@@ -37,7 +40,33 @@ from stare_lightning.algorithms.surrogates import (
     kl_penalty,
 )
 
-__all__ = ["policy_loss"]
+__all__ = ["LossSpec", "policy_loss"]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """What ``policy_loss`` reads of the algorithm."""
+
+    policy_loss: PolicyLossConfig
+    entropy_control: EntropyControlConfig
+    kl: KLConfig
+    aggregation: str  # a mode of ``aggregate_loss``: the surrogate, KL and entropy terms alike
+    entropy_coef: float  # the fixed entropy-bonus coefficient (an adaptive one is passed per call)
+
+    @classmethod
+    def of(cls, algorithm: AlgorithmConfig) -> LossSpec:
+        return cls(
+            policy_loss=algorithm.policy_loss,
+            entropy_control=algorithm.entropy_control,
+            kl=algorithm.kl,
+            aggregation=algorithm.update.loss_agg,
+            entropy_coef=algorithm.entropy_bonus.coef,
+        )
+
+    @property
+    def clip(self) -> ClipRange:
+        loss = self.policy_loss
+        return ClipRange(loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c)
 
 
 def _valid_sum(x: Tensor, valid: Tensor) -> Tensor:
@@ -50,7 +79,7 @@ def policy_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    cfg: AlgorithmConfig,
+    spec: LossSpec,
     normalizer: LossNormalizer,
     *,
     token_weights: Tensor | None = None,
@@ -63,9 +92,9 @@ def policy_loss(
 
     logprobs: [B, T] with gradient; old_logprobs: [B, T] (detached current ones when on-policy);
     advantages: [B] or [B, T]; mask: [B, T]; token_weights: STARE weights [B, T] or None;
-    ref_logprobs: needed when cfg.kl_coef > 0; entropy: [B, T] with gradient, needed for an entropy
-    bonus and for entropy_control = "top_entropy"; entropy_coef: the coefficient to use this step
-    (None: cfg.entropy_coef; pass the adaptive value when cfg.entropy_target is set);
+    ref_logprobs: needed when spec.kl.coef > 0; entropy: [B, T] with gradient, needed for an entropy
+    bonus and for entropy control "top_entropy"; entropy_coef: the coefficient to use this step
+    (None: spec.entropy_coef; pass the adaptive value when the bonus has a target);
     generator: the random draw of Clip-Cov.
 
     stats (detached 0-d float32 tensors, SUMS over this micro-batch's valid tokens, so callers add them
@@ -74,22 +103,23 @@ def policy_loss(
     share of the aggregated surrogate), ratio_sum, and when the inputs exist kl_sum, kl_loss,
     entropy_sum, entropy_loss, weight_sum.
     """
-    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
+    entropy_coef = spec.entropy_coef if entropy_coef is None else entropy_coef
     adv = broadcast_advantages(advantages, logprobs)
     valid = mask.to(torch.bool)
-    control = ENTROPY_CONTROLS[cfg.entropy_control](cfg, logprobs, old_logprobs, adv, mask, entropy, generator)
+    chosen = spec.entropy_control
+    control = ENTROPY_CONTROLS[chosen.name](
+        chosen.settings(), spec.clip, logprobs, old_logprobs, adv, mask, entropy, generator
+    )
     detach = control.detach
     lp_surrogate = logprobs if detach is None else torch.where(detach, logprobs.detach(), logprobs)
-    clip = ClipRange(cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip_c)
-    if control.unclipped:
-        clip = ClipRange(1.0, math.inf)
-    surrogate = POLICY_LOSSES[cfg.policy_loss]
+    clip = ClipRange(1.0, math.inf) if control.unclipped else spec.clip
+    surrogate = POLICY_LOSSES[spec.policy_loss.name]
     per_token, clip_stats = surrogate(lp_surrogate, old_logprobs, adv, mask, clip, token_weights=token_weights)
     if control.penalty is not None:
         per_token = per_token + control.penalty
     controlled = control.controlled if control.controlled is not None else detach
-    pg_loss = aggregate_loss(per_token, mask, cfg.loss_agg, normalizer)
-    loss, stats = _add_regularizers(pg_loss, logprobs, mask, cfg, normalizer, ref_logprobs, entropy, entropy_coef)
+    pg_loss = aggregate_loss(per_token, mask, spec.aggregation, normalizer)
+    loss, stats = _add_regularizers(pg_loss, logprobs, mask, spec, normalizer, ref_logprobs, entropy, entropy_coef)
     stats.update(_surrogate_stats(logprobs, old_logprobs, valid, clip_stats, controlled, pg_loss, token_weights))
     return loss, stats
 
@@ -98,27 +128,27 @@ def _add_regularizers(
     loss: Tensor,
     logprobs: Tensor,
     mask: Tensor,
-    cfg: AlgorithmConfig,
+    spec: LossSpec,
     normalizer: LossNormalizer,
     ref_logprobs: Tensor | None,
     entropy: Tensor | None,
     entropy_coef: float,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """``loss`` + kl_coef * KL - entropy_coef * entropy bonus, each aggregated like the surrogate."""
-    valid, stats = mask.to(torch.bool), {}
-    if cfg.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError(f"ref_logprobs=None is not allowed with kl_coef={cfg.kl_coef}: pass the reference log-probs")
+    """``loss`` + kl coef * KL - entropy_coef * entropy bonus, each aggregated like the surrogate."""
+    valid, stats, kl_coef = mask.to(torch.bool), {}, spec.kl.coef
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(f"ref_logprobs=None is not allowed with kl coef={kl_coef}: pass the reference log-probs")
     if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)
-        kl_loss = aggregate_loss(kl, mask, cfg.loss_agg, normalizer)
-        if cfg.kl_coef > 0:
-            loss = loss + cfg.kl_coef * kl_loss
+        kl = kl_penalty(logprobs, ref_logprobs, spec.kl.estimator)
+        kl_loss = aggregate_loss(kl, mask, spec.aggregation, normalizer)
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl_loss
         stats.update(kl_sum=_valid_sum(kl, valid), kl_loss=kl_loss.detach().float())
     if entropy_coef != 0 and entropy is None:
         raise ValueError(f"entropy=None is not allowed with entropy_coef={entropy_coef}: pass per-token entropy")
     if entropy is not None:
         bonus = entropy_bonus(entropy, mask)
-        ent_loss = aggregate_loss(bonus, mask, cfg.loss_agg, normalizer)
+        ent_loss = aggregate_loss(bonus, mask, spec.aggregation, normalizer)
         if entropy_coef != 0:
             loss = loss - entropy_coef * ent_loss
         stats.update(entropy_sum=bonus.sum().detach().float(), entropy_loss=ent_loss.detach().float())

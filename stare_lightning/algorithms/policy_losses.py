@@ -54,7 +54,7 @@ class ClipRange:
 
 
 PolicyLoss = Callable[..., tuple[Tensor, SurrogateStats]]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm.policy_loss")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm.policy_loss.name")
 
 
 def _prepared(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):

@@ -1,9 +1,12 @@
 """Named implementations of the loss's pluggable parts: advantage estimators, policy losses, entropy controls.
 
 Each part is a ``Registry``; an implementation is a function registered under the name its config key takes
-(``algorithm.advantage``, ``algorithm.policy_loss``, ``algorithm.entropy_control``). Adding one is the function,
-its ``@REGISTRY.register("name")`` line, and a YAML file in ``conf/algorithm`` that selects it: the config check
-and the dispatch read the registry, so nothing else changes.
+(``algorithm.advantage.name``, ``algorithm.policy_loss.name``, ``algorithm.entropy_control.name``,
+``algorithm.stare.selector``). Adding one is the function, its ``@REGISTRY.register("name")`` line, and a YAML
+file in ``conf/algorithm`` that selects it: the config check and the dispatch read the registry, so nothing else
+changes. An entry with settings of its own reads them from its node of the sub-group (e.g.
+``algorithm.entropy_control.clip_cov``), whose schema sits with the others in ``algorithms/config.py`` so that
+reading the schema imports no implementation.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def mismatch_is_weights(
 ) -> torch.Tensor:
     """Per-token weights ``[batch, time]`` correcting for sampling from the rollout engine.
 
-    ``level``, ``mode`` and ``cap`` are ``algorithm.mismatch_correction`` (when not ``none``), ``mismatch_mode``
-    and ``mismatch_cap``, checked by ``AlgorithmConfig`` (not here).
+    ``level``, ``mode`` and ``cap`` are ``algorithm.mismatch.correction`` (when not ``none``), ``.mode`` and
+    ``.cap``, checked by ``MismatchConfig`` (not here).
 
     Args:
         trainer_logprobs: log pi_train of the sampled tokens, ``[batch, time]``.

@@ -138,7 +138,7 @@ def clipped_surrogate(
 
     eps_low in [0, 1] (1 disables the lower clip since r >= 0); eps_high >= 0 (inf disables the upper
     clip); dual_clip_c None or a finite number > 1. token_weights [B, T] multiply the clipped loss.
-    The scalars are not checked here: `AlgorithmConfig` checks the algorithm.clip_eps_* / dual_clip_c keys.
+    The scalars are not checked here: `PolicyLossConfig` checks algorithm.policy_loss.clip_eps_* / dual_clip_c.
     """
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs has shape {tuple(logprobs.shape)}; expected [B, T]")
@@ -181,7 +181,7 @@ def _as_count(value: Count, like: Tensor) -> Tensor:
 def aggregate_loss(per_token_loss: Tensor, mask: Tensor, mode: str, normalizer: LossNormalizer) -> Tensor:
     """Scalar loss of one micro-batch under the step-global `normalizer` (see module doc).
 
-    `mode` is one of AGGREGATION_MODES (algorithm.loss_agg, checked by `AlgorithmConfig`).
+    `mode` is one of AGGREGATION_MODES (algorithm.update.loss_agg, checked by `UpdateConfig`).
     """
     if per_token_loss.dim() != 2:
         raise ValueError(f"per_token_loss has shape {tuple(per_token_loss.shape)}; expected [B, T]")
@@ -207,7 +207,7 @@ def aggregate_loss(per_token_loss: Tensor, mask: Tensor, mode: str, normalizer: 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs (see module doc).
 
-    `estimator` is one of KL_ESTIMATORS (algorithm.kl_estimator, checked by `AlgorithmConfig`).
+    `estimator` is one of KL_ESTIMATORS (algorithm.kl.estimator, checked by `KLConfig`).
     """
     _check_pair("ref_logprobs", ref_logprobs, logprobs)
     dtype = torch.promote_types(logprobs.dtype, torch.float32)

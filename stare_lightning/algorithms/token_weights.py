@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stare_lightning.algorithms.config import AlgorithmConfig
+from stare_lightning.algorithms.config import MismatchConfig
 from stare_lightning.algorithms.rollout_correction import mismatch_is_weights
 
 __all__ = ["micro_batch_token_weights"]
 
 
 def micro_batch_token_weights(
-    alg: AlgorithmConfig,
+    mismatch: MismatchConfig,
     *,
     stare_omega: Tensor | None,
     mask: Tensor,
@@ -24,15 +24,15 @@ def micro_batch_token_weights(
     rollout_logprobs: Tensor,
 ) -> Tensor | None:
     """The weights [B, T] of one micro-batch's per-token loss: omega times the IS correction (None: all ones)."""
-    if alg.mismatch_correction == "none":
+    if not mismatch.enabled:
         return stare_omega
     # Truncated importance sampling of the engine/trainer mismatch (the engine sampled, the trainer learns).
     correction = mismatch_is_weights(
         old_logprobs,
         rollout_logprobs,
         mask,
-        level=alg.mismatch_correction,
-        mode=alg.mismatch_mode,
-        cap=alg.mismatch_cap,
+        level=mismatch.correction,
+        mode=mismatch.mode,
+        cap=mismatch.cap,
     )
     return correction if stare_omega is None else stare_omega * correction

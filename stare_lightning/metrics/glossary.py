@@ -58,7 +58,7 @@ SECTIONS: list[tuple[str, dict[str, str]]] = [
             "`algorithm.stare.target_entropy`), else 0.",
             "train/stare/gate_on_rate": "The share of steps so far with the gate open (kept across a resume).",
             "train/stare/gate_entropy": "The entropy the gate compared to its target, where it differs from "
-            "`train/entropy` (`algorithm.gate_aggregation=like_loss`).",
+            "`train/entropy` (`algorithm.stare.gate_aggregation=like_loss`).",
             "train/stare/w": "The W applied to L+ tokens this step (moves under the adaptive schedule).",
             "train/stare/m": "The M applied to L- tokens this step (C2; moves under the adaptive schedule).",
             "train/stare/selected_frac/pos": "|L+| / |T+|: the share of positive-advantage tokens STARE selected "
@@ -100,7 +100,7 @@ SECTIONS: list[tuple[str, dict[str, str]]] = [
         {
             "train/loss": "The step's loss, averaged over its optimizer steps.",
             "train/pg_loss": "Its policy-gradient part (without the KL and entropy terms).",
-            "train/kl": "Token mean of the KL estimate to the reference model (0 without `algorithm.kl_coef`).",
+            "train/kl": "Token mean of the KL estimate to the reference model (0 without `algorithm.kl.coef`).",
             "train/clip_ratio/low": "The share of tokens whose ratio is clipped from below (A < 0, r < 1 - eps_low).",
             "train/clip_ratio/high": "The share of tokens whose ratio is clipped from above (A > 0, r > 1 + eps_high).",
             "train/grad_norm": "Global gradient norm before clipping, averaged over the optimizer steps taken.",

@@ -23,6 +23,8 @@ _EXPORTS = {
     "MicroBatchLoss": "stare_lightning.step.loss",
     "micro_batch_loss": "stare_lightning.step.loss",
     "step_normalizer": "stare_lightning.step.normalizer",
+    "LossPlan": "stare_lightning.step.plan",
+    "StepPlan": "stare_lightning.step.plan",
     "TokenScores": "stare_lightning.step.scoring",
     "response_token_stats": "stare_lightning.step.scoring",
     "score_batch": "stare_lightning.step.scoring",

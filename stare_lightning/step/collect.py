@@ -1,4 +1,5 @@
 """Collection: roll out, verify, shape rewards, compute group advantages, and filter groups (dynamic sampling).
+Its settings are ``algorithm.collection`` and ``algorithm.advantage``.
 
 Dynamic sampling (DAPO, Yu et al. 2025) drops groups whose rewards all agree, since their advantages
 are zero and they only dilute the token-mean. It filters the global batch, as verl does: each rank generates
@@ -24,7 +25,8 @@ import torch
 from torch import Tensor
 
 from stare_lightning import distributed
-from stare_lightning.algorithms import AlgorithmConfig, compute_advantages, overlong_penalty, zero_variance_groups
+from stare_lightning.algorithms import compute_advantages, overlong_penalty, zero_variance_groups
+from stare_lightning.algorithms.config import AdvantageConfig, CollectionConfig
 from stare_lightning.rewards.pool import ScoreResult, VerifierPool
 from stare_lightning.rollout.base import EpisodeStats, RolloutEngine, Rollouts, SamplingParams, prompt_seeds
 from stare_lightning.step.batch import RolloutBatch, build_rollout_batch
@@ -114,7 +116,7 @@ def verify(items: Sequence[dict], rollouts: Rollouts, pool: VerifierPool) -> Sco
 
 
 def score_rollouts(
-    items: Sequence[dict], rollouts: Rollouts, pool: VerifierPool, cfg: AlgorithmConfig, max_new_tokens: int
+    items: Sequence[dict], rollouts: Rollouts, pool: VerifierPool, cfg: CollectionConfig, max_new_tokens: int
 ) -> ScoredGroups:
     """Verify every response of ``rollouts`` against its prompt's answer, then apply overlong shaping."""
     n = rollouts.n
@@ -136,7 +138,8 @@ def collect(
     engine: RolloutEngine,
     pool: VerifierPool,
     params: SamplingParams,
-    cfg: AlgorithmConfig,
+    cfg: CollectionConfig,
+    advantage: AdvantageConfig,
     *,
     pad_token_id: int,
     more_prompts: Callable[[int, int], list[dict]] | None = None,
@@ -180,13 +183,15 @@ def collect(
     if cfg.dynamic_sampling and cfg.budget_exhausted == "stop" and have < target:
         _budget_exhausted(cfg, have, target, stats.generation_batches)
     if have == 0:  # nothing carried signal: keep the last batch so this rank still takes part in the update
-        return _kept_collection([(scored, None)], stats, params.n, cfg, pad_token_id)
+        return _kept_collection([(scored, None)], stats, params.n, advantage, pad_token_id)
     if not (cfg.dynamic_sampling and distributed.is_distributed()):
-        return _kept_collection([(scored, groups) for _, scored, groups in kept], stats, params.n, cfg, pad_token_id)
+        return _kept_collection(
+            [(scored, groups) for _, scored, groups in kept], stats, params.n, advantage, pad_token_id
+        )
     share = _dealt_share(kept, rank)
     # Fewer kept groups than ranks (rare): a rank left without one trains on its last batch at zero advantage.
     last = share if share.items else replace(scored, rewards=torch.zeros_like(scored.rewards))
-    return _kept_collection([(last, None)], stats, params.n, cfg, pad_token_id)
+    return _kept_collection([(last, None)], stats, params.n, advantage, pad_token_id)
 
 
 def _seed_keys(batch_items: list[dict], generation_batch: int, own: int) -> list[str]:
@@ -196,12 +201,13 @@ def _seed_keys(batch_items: list[dict], generation_batch: int, own: int) -> list
     return [f"{generation_batch}/{'+' * (marked and i >= own)}{item['id']}" for i, item in enumerate(batch_items)]
 
 
-def _budget_exhausted(cfg: AlgorithmConfig, have: int, target: int, batches: int) -> None:
+def _budget_exhausted(cfg: CollectionConfig, have: int, target: int, batches: int) -> None:
     raise RuntimeError(
         f"dynamic sampling kept {have} of the step's {target} groups after {batches} generation batches "
-        f"(algorithm.max_generation_batches={cfg.max_generation_batches}); algorithm.budget_exhausted=stop "
-        "stops here, as the reference code does: raise the budget or algorithm.generation_batch_multiplier, or "
-        "set algorithm.budget_exhausted=train to train on the groups kept"
+        f"(algorithm.collection.max_generation_batches={cfg.max_generation_batches}); "
+        "algorithm.collection.budget_exhausted=stop stops here, as the reference code does: raise the budget or "
+        "algorithm.collection.generation_batch_multiplier, or set algorithm.collection.budget_exhausted=train to "
+        "train on the groups kept"
     )
 
 
@@ -250,7 +256,7 @@ def _kept_collection(
     kept: list[tuple[ScoredGroups, list[int] | None]],
     stats: CollectionStats,
     n: int,
-    cfg: AlgorithmConfig,
+    advantage: AdvantageConfig,
     pad_token_id: int,
 ) -> Collection:
     """Concatenate the kept groups (None: all of a batch's groups) and compute their advantages."""
@@ -265,7 +271,7 @@ def _kept_collection(
     )
     rewards = torch.cat([scored.rewards[groups] for scored, groups in kept])
     correct = torch.cat([scored.correct[groups] for scored, groups in kept])
-    advantages = compute_advantages(rewards, estimator=cfg.advantage, eps=cfg.adv_eps)
+    advantages = compute_advantages(rewards, estimator=advantage.name, eps=advantage.eps)
     batch = build_rollout_batch(rollouts, rewards.flatten(), advantages.flatten(), pad_token_id=pad_token_id)
     items = [scored.items[i] for scored, groups in kept for i in groups]
     truncated = torch.tensor([reason == "length" for reason in rollouts.finish_reasons], dtype=torch.bool)

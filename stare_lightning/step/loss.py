@@ -2,7 +2,7 @@
 
 Losses are normalised by counts over the whole optimizer step on every rank (``normalizer.step_normalizer``), so
 the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch. With
-``algorithm.loss_normalizer=micro_batch`` a token-mean loss is each micro-batch's own token mean weighted by its
+``algorithm.update.loss_normalizer=micro_batch`` a token-mean loss is each micro-batch's own token mean weighted by its
 share of the step's sequences, as the reference trainer (verl 0.7's data-parallel actor) computes it: short and
 long micro-batches then weigh their tokens differently.
 """
@@ -10,17 +10,21 @@ long micro-batches then weigh their tokens differently.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer, TokenStats, policy_loss
+from stare_lightning.algorithms import LossNormalizer, TokenStats, policy_loss
 from stare_lightning.algorithms.stare_controller import StepParams
 from stare_lightning.algorithms.token_weights import micro_batch_token_weights
 from stare_lightning.step.batch import Experience
 from stare_lightning.step.forward import PADDED, ForwardLayout, response_token_stats
 from stare_lightning.step.normalizer import micro_batch_normalizer
 from stare_lightning.step.selection import TokenSelection
+
+if TYPE_CHECKING:
+    from stare_lightning.step.plan import LossPlan
 
 
 @dataclass(frozen=True)
@@ -39,35 +43,34 @@ def micro_batch_loss(
     reference: torch.nn.Module | None,
     part: Experience,
     normalizer: LossNormalizer,
-    alg: AlgorithmConfig,
+    plan: LossPlan,
     *,
     params: StepParams,
     entropy_coef: float,
     temperature: float,
     chunk_size: int,
     layout: ForwardLayout = PADDED,
-    selection: TokenSelection | None = None,
+    selection: TokenSelection,
     seed: int = 0,
 ) -> MicroBatchLoss:
     """The loss of one micro-batch, with its sums, token statistics and STARE's weights. Without old log-probs
     (on-policy, no scoring pass) this forward's detached log-probs are the old ones (ratio exactly 1), and its
-    statistics, entropy terms included, describe the rollout policy. ``on_policy_old_logprobs=forward`` uses
+    statistics, entropy terms included, describe the rollout policy. ``plan.old_logprobs_from_forward`` uses
     them even when a scoring pass gave old log-probs (the reference code). ``selection``: the step's STARE
-    selection (resolved from ``alg`` when not given); ``seed``: this micro-batch's, for a selection made here."""
-    selection = selection or TokenSelection.resolve(alg, group_size=1)
+    selection; ``seed``: this micro-batch's, for a selection made here."""
     on_policy_first_pass = part.old_logprobs is None
     # A selection made here from the current policy may read this forward's Phi or entropy.
     current_phi, current_entropy = selection.loss_forward_needs()
     stats = response_token_stats(
         policy, part, layout, temperature=temperature, chunk_size=chunk_size,
-        with_entropy=alg.needs_entropy() or on_policy_first_pass or current_phi or current_entropy,
+        with_entropy=plan.needs_entropy or on_policy_first_pass or current_phi or current_entropy,
         with_sensitivity=on_policy_first_pass or current_phi,
     )  # fmt: skip
-    from_forward = on_policy_first_pass or alg.on_policy_old_logprobs == "forward"  # only on-policy (checked)
+    from_forward = on_policy_first_pass or plan.old_logprobs_from_forward
     old_logprobs = stats.logprobs.detach() if from_forward else part.old_logprobs
     stare_omega, stare_selected = selection.in_micro_batch(part, stats, old_logprobs, params, seed=seed)
     weights = micro_batch_token_weights(
-        alg,
+        plan.mismatch,
         stare_omega=stare_omega,
         mask=part.response_mask,
         old_logprobs=old_logprobs,
@@ -79,11 +82,11 @@ def micro_batch_loss(
         old_logprobs,
         part.advantages,
         part.response_mask,
-        alg,
-        micro_batch_normalizer(part, normalizer, alg),
+        plan.objective,
+        micro_batch_normalizer(part, normalizer, own_token_mean=plan.micro_batch_token_mean),
         token_weights=weights,
         ref_logprobs=ref_logprobs,
-        entropy=stats.entropy if alg.needs_entropy() else None,
+        entropy=stats.entropy if plan.needs_entropy else None,
         entropy_coef=entropy_coef,
     )
     return MicroBatchLoss(loss, loss_stats, stats, stare_omega, stare_selected)

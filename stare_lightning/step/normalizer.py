@@ -1,6 +1,6 @@
 """The counts a step's losses are normalised by: token and sequence counts over the whole optimizer step on every
 rank, so the micro-batch losses, summed over micro-batches and ranks, equal the loss of the step's batch; or, with
-``algorithm.loss_normalizer=micro_batch``, the reference trainer's per-micro-batch token mean."""
+``algorithm.update.loss_normalizer=micro_batch``, the reference trainer's per-micro-batch token mean."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer
+from stare_lightning.algorithms import LossNormalizer
 from stare_lightning.distributed import all_reduce
 from stare_lightning.step.batch import Experience, RolloutBatch
 
@@ -28,10 +28,10 @@ def step_normalizer(
     )
 
 
-def micro_batch_normalizer(part: Experience, step: LossNormalizer, alg: AlgorithmConfig) -> LossNormalizer:
-    """``step`` itself, or with ``loss_normalizer=micro_batch`` and a token mean the count that turns
-    ``aggregate_loss`` into (this micro-batch's token mean) x (its sequences / the step's sequences)."""
-    if alg.loss_normalizer != "micro_batch" or alg.loss_agg != "token-mean":
+def micro_batch_normalizer(part: Experience, step: LossNormalizer, *, own_token_mean: bool) -> LossNormalizer:
+    """``step`` itself, or with ``own_token_mean`` (``loss_normalizer=micro_batch`` and a token mean) the count that
+    turns ``aggregate_loss`` into (this micro-batch's token mean) x (its sequences / the step's sequences)."""
+    if not own_token_mean:
         return step
     tokens = part.response_mask.sum()
     rows = part.response_mask.any(-1).sum().clamp(min=1)  # a zero-weight filler micro-batch may have none

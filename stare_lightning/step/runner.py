@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from stare_lightning import distributed
-from stare_lightning.algorithms import AdaptiveEntropyCoefficient, AlgorithmConfig, STAREController
+from stare_lightning.algorithms import AdaptiveEntropyCoefficient, STAREController
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
@@ -75,7 +75,6 @@ class StepRunner:
     def __init__(
         self,
         plan: StepPlan,
-        algorithm: AlgorithmConfig,
         *,
         verifiers: VerifierPool,
         sampling: SamplingParams,
@@ -90,13 +89,13 @@ class StepRunner:
         world_size: int = 1,
         same_batch_entropy: bool = False,
     ) -> None:
-        self.plan, self.algorithm = plan, algorithm
+        self.plan = plan
         self.verifiers, self.sampling, self.pad_token_id = verifiers, sampling, pad_token_id
         self.policy, self.reference = policy, reference
         self.optimizer_step, self.backward = optimizer_step, backward
         self.controller, self.entropy_coefficient = controller, entropy_coefficient
         self.device = device or torch.device("cpu")
-        self.gate = Gate(algorithm, controller, entropy_coefficient, plan.max_response_length, self.device)
+        self.gate = Gate(plan.gate_aggregation, controller, entropy_coefficient, plan.max_response_length, self.device)
         self.selection = plan.token_selection
         self.world_size = world_size
         self.same_batch_entropy = same_batch_entropy
@@ -116,7 +115,8 @@ class StepRunner:
             sampler,
             self.verifiers,
             self.sampling,
-            self.algorithm,
+            self.plan.collection,
+            self.plan.advantage,
             pad_token_id=self.pad_token_id,
             more_prompts=more_prompts,
             seed=seed,
@@ -250,9 +250,9 @@ class StepRunner:
             self.reference,
             part,
             normalizer,
-            self.algorithm,
+            self.plan.loss,
             params=params,
-            entropy_coef=coefficient.coef if coefficient is not None else self.algorithm.entropy_coef,
+            entropy_coef=coefficient.coef if coefficient is not None else self.plan.loss.objective.entropy_coef,
             temperature=forward.temperature,
             chunk_size=forward.chunk_size,
             layout=forward.layout,

@@ -4,7 +4,7 @@ re-selection.
 
 The gate (``Gate``): H_k is the token mean of the rollout policy's entropy over every rank's response tokens;
 STARE's controller compares its target to that mean, or to the entropy aggregated like the loss
-(``algorithm.gate_aggregation=like_loss``, the reference code's); the adaptive entropy coefficient reads H_k.
+(``algorithm.stare.gate_aggregation=like_loss``, the reference code's); the adaptive entropy coefficient reads H_k.
 
 The selection (``TokenSelection``, resolved once by the step's plan). When it is made (``SelectionTiming``), from
 ``stare.scope``, ``stare.surprisal_source`` and the selector:
@@ -28,7 +28,6 @@ from torch import Tensor
 
 from stare_lightning.algorithms import (
     AdaptiveEntropyCoefficient,
-    AlgorithmConfig,
     STAREController,
     STAREStats,
     TokenStats,
@@ -68,21 +67,22 @@ def token_mean(values: Tensor, mask: Tensor, *, device: torch.device) -> float:
     return total_sum / count if count else float("nan")
 
 
-def gate_entropy(entropy: Tensor, batch: RolloutBatch, alg: AlgorithmConfig, *, max_response_length: int) -> float:
-    """The entropy that drives STARE's gate, over every rank's rows, aggregated as ``alg.gate_loss_agg()``
-    says: the token mean, or like the loss (``aggregate_loss`` under the step's global counts)."""
+def gate_entropy(entropy: Tensor, batch: RolloutBatch, aggregation: str, *, max_response_length: int) -> float:
+    """The entropy that drives STARE's gate, over every rank's rows, aggregated by ``aggregation`` (the plan's
+    ``gate_aggregation``): the token mean, or like the loss (``aggregate_loss`` under the step's global counts)."""
     normalizer = step_normalizer(batch, max_response_length=max_response_length, device=entropy.device)
     mask = batch.response_mask
-    share = aggregate_loss(entropy.detach().double(), mask, alg.gate_loss_agg(), normalizer)
+    share = aggregate_loss(entropy.detach().double(), mask, aggregation, normalizer)
     return float(all_reduce(share, device=entropy.device))
 
 
 @dataclass
 class Gate:
     """What reads the step's batch entropy: STARE's controller and the adaptive entropy coefficient (either may
-    be None; the caller keeps and checkpoints their state)."""
+    be None; the caller keeps and checkpoints their state). ``aggregation``: how STARE's gate aggregates the
+    entropy (the plan's ``gate_aggregation``)."""
 
-    algorithm: AlgorithmConfig
+    aggregation: str
     controller: STAREController | None
     entropy_coefficient: AdaptiveEntropyCoefficient | None
     max_response_length: int
@@ -90,16 +90,16 @@ class Gate:
 
     def measure(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
         """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step,
-        STARE's on the entropy aggregated as the algorithm says. Returns (H_k, this step's STARE parameters)."""
+        STARE's on the entropy aggregated as ``aggregation`` says. Returns (H_k, this step's STARE parameters)."""
         entropy = token_mean(scores.entropy, batch.response_mask, device=self.device)
         if self.entropy_coefficient is not None:
             self.entropy_coefficient.update(entropy)
         if self.controller is None:
             return entropy, GRPO_PARAMS
         gate_value = entropy
-        if self.algorithm.gate_loss_agg() != "token-mean":
+        if self.aggregation != "token-mean":
             gate_value = gate_entropy(
-                scores.entropy, batch, self.algorithm, max_response_length=self.max_response_length
+                scores.entropy, batch, self.aggregation, max_response_length=self.max_response_length
             )
         return entropy, self.controller.update(gate_value)
 
@@ -160,7 +160,7 @@ def step_selection(
     advantages: Tensor,
     mask: Tensor,
     phi: Tensor | None,
-    alg: AlgorithmConfig,
+    stare: STAREConfig,
     params: StepParams,
     *,
     group_size: int,
@@ -173,7 +173,6 @@ def step_selection(
     ``micro_batch``, whose selection is made inside the loss. ``seed``: the step's (a random selector draws from
     it, mixed with the rank, so the ranks' draws differ).
     """
-    stare = alg.stare
     omega, stats = stare_weights_for_scope(
         logprobs,
         advantages,
@@ -189,7 +188,7 @@ def step_selection(
 
 
 def micro_batch_stare_weights(
-    alg: AlgorithmConfig,
+    stare: STAREConfig,
     *,
     advantages: Tensor,
     mask: Tensor,
@@ -208,7 +207,6 @@ def micro_batch_stare_weights(
     ``step`` and ``optimizer_step``), returned as they are; with timing ``micro_batch`` the selection is
     made here (``phi``, ``entropy``: from the same pass as the log-probs ranked; ``seed``: this micro-batch's).
     """
-    stare = alg.stare
     if selection_timing(stare) is not SelectionTiming.MICRO_BATCH:
         return step_omega, step_selected
     source = current_logprobs if stare.surprisal_source == "current" else old_logprobs
@@ -229,13 +227,13 @@ def micro_batch_stare_weights(
 class TokenSelection:
     """STARE's selection as one step makes it: its timing, and the calls the step runner and the loss make."""
 
-    algorithm: AlgorithmConfig
+    stare: STAREConfig
     timing: SelectionTiming
     group_size: int
 
     @classmethod
-    def resolve(cls, algorithm: AlgorithmConfig, *, group_size: int) -> TokenSelection:
-        return cls(algorithm=algorithm, timing=selection_timing(algorithm.stare), group_size=group_size)
+    def resolve(cls, stare: STAREConfig, *, group_size: int) -> TokenSelection:
+        return cls(stare=stare, timing=selection_timing(stare), group_size=group_size)
 
     @property
     def reselect(self) -> bool:
@@ -249,7 +247,7 @@ class TokenSelection:
 
     def loss_forward_needs(self) -> tuple[bool, bool]:
         """(Phi, entropy): what a selection made inside the loss reads from the micro-batch's own forward."""
-        stare = self.algorithm.stare
+        stare = self.stare
         if not (self.in_loss and stare.surprisal_source == "current"):
             return False, False
         selector = STARE_SELECTORS[stare.selector]
@@ -262,7 +260,7 @@ class TokenSelection:
             batch.advantages,
             batch.response_mask,
             scores.phi,
-            self.algorithm,
+            self.stare,
             params,
             group_size=self.group_size,
             entropy=scores.entropy,
@@ -277,7 +275,7 @@ class TokenSelection:
         from this forward's statistics ``stats`` (the current policy) or the scoring pass's (``part``)."""
         current_phi, current_entropy = self.loss_forward_needs()
         return micro_batch_stare_weights(
-            self.algorithm,
+            self.stare,
             advantages=part.advantages,
             mask=part.response_mask,
             current_logprobs=stats.logprobs.detach(),
