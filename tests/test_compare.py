@@ -109,6 +109,15 @@ def test_several_sweeps_name_their_arms_and_the_cli_writes_the_table(tmp_path, c
     assert table.is_file() and (tmp_path / "comparison.png").is_file()
 
 
+def test_a_study_of_arm_folders_keeps_the_arms_names(tmp_path):
+    """The study scripts' layout, <arm>/seed<k>/logs: each folder is named after its arm, which it names once."""
+    for algorithm in ("stare_o1", "stare_o1_random"):
+        for seed in (1, 2):
+            _write_run(tmp_path / algorithm / f"seed{seed}" / "logs", algorithm, seed, [0.1] * 4, [0.5] * 2, [0.7] * 2)
+    assert sorted({r.arm for r in find_runs(tmp_path)}) == ["stare_o1", "stare_o1_random"]
+    assert len(seed_statistics(find_runs(tmp_path), baseline="stare_o1"))
+
+
 def test_the_adaptive_schedule_is_an_arm_of_its_own(tmp_path):
     """Summaries side by side (a study's committed data): STARE-O1 with a fixed W and with the adaptive schedule
     log the same algorithm name, and must not be pooled as one arm."""

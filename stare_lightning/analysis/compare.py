@@ -49,10 +49,12 @@ def find_runs(root: str | Path) -> list[Run]:
     if not found:
         raise FileNotFoundError(f"no runs (metrics.csv with hparams.yaml) under {root}")
     several_sweeps = len({sweep for sweep, *_ in found}) > 1
-    return [
-        Run("/".join([*sweep, algorithm]) if several_sweeps else algorithm, seed, logs)
-        for sweep, algorithm, seed, logs in found
-    ]
+
+    def arm(sweep: tuple[str, ...], algorithm: str) -> str:
+        # A study laid out as <arm>/seed<k> names each folder after its arm: the folder adds nothing.
+        return "/".join([*sweep, algorithm]) if several_sweeps and sweep != (algorithm,) else algorithm
+
+    return [Run(arm(sweep, algorithm), seed, logs) for sweep, algorithm, seed, logs in found]
 
 
 def run_outcomes(logs: Path, tail: int = 50, val_tail: int = 3) -> dict[str, float]:
