@@ -1,0 +1,262 @@
+"""Start and stop stock vLLM servers for ``rollout=server``: one process group per server, its output in a log file,
+its weight-transfer backend and token guard configured, ready once ``GET /health`` answers 200."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stare_lightning.rollout.server.auth import TOKEN_ENV
+from stare_lightning.rollout.server.transfer import BACKEND
+
+__all__ = ["LaunchedServers", "ServerSpec", "ServerStartError", "free_ports"]
+
+MIDDLEWARE = "stare_lightning.rollout.server.auth.RequireToken"
+_CPU_KV_CACHE_BYTES = 1 << 30  # as the colocated engine's CPU default (rollout/vllm_settings.py)
+_STOP_GRACE_S = 20.0
+_POLL_S = 0.5
+_LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Where one server listens and what it may use."""
+
+    port: int
+    host: str = "127.0.0.1"
+    cpus: str | None = None  # CPU list for its affinity and vLLM's OpenMP binding, e.g. "1" or "0-3"
+    gpus: str | None = None  # its CUDA_VISIBLE_DEVICES
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class ServerStartError(RuntimeError):
+    """A server did not come up: the message names its URL and log file, with the log's last lines."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the kernel reports free on ``host`` now (held together while chosen, so distinct)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(_family(host), socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class LaunchedServers:
+    """Stock vLLM servers on one model, started together (``start``) and stopped together (``stop``, also at exit)."""
+
+    def __init__(
+        self,
+        model_dir,
+        specs: Sequence[ServerSpec],
+        *,
+        log_dir: Path,
+        token: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        startup_timeout: float = 600.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if not specs:
+            raise ValueError("LaunchedServers needs at least one ServerSpec")
+        if not token:
+            raise ValueError("LaunchedServers needs a token: every request to the servers must carry it")
+        ports = [(spec.host, spec.port) for spec in specs]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"two servers on the same host and port: {ports}")
+        self.model_dir, self.specs, self.log_dir, self.token = str(model_dir), list(specs), Path(log_dir), token
+        self.dtype, self.seed, self.max_model_len = dtype, seed, max_model_len
+        self.kv_cache_memory_bytes, self.startup_timeout, self.extra_args = (
+            kv_cache_memory_bytes,
+            startup_timeout,
+            list(extra_args),
+        )
+        self.urls: list[str] = [spec.url for spec in self.specs]
+        self._processes: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> LaunchedServers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_path(self, url: str) -> Path:
+        spec = self.specs[self.urls.index(url)]
+        return self.log_dir / f"server-{spec.port}.log"
+
+    def command(self, spec: ServerSpec) -> list[str]:
+        """The server's command line."""
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir]
+        args += ["--host", spec.host, "--port", str(spec.port), "--dtype", self.dtype, "--seed", str(self.seed)]
+        args += ["--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
+        args += ["--weight-transfer-config", json.dumps({"backend": BACKEND}), "--enable-scale-out"]
+        args += ["--middleware", MIDDLEWARE, "--disable-uvicorn-access-log"]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        kv_cache = self.kv_cache_memory_bytes
+        if _on_cpu(spec):
+            # Chunked prefill off: vLLM cannot rewind a seeded CPU generator (rollout/vllm_settings.py).
+            args += ["--enforce-eager", "--no-enable-chunked-prefill"]
+            kv_cache = _CPU_KV_CACHE_BYTES if kv_cache is None else kv_cache
+        if kv_cache is not None:
+            args += ["--kv-cache-memory-bytes", str(int(kv_cache))]
+        return args + self.extra_args
+
+    def environment(self, spec: ServerSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", TOKEN_ENV: self.token})
+        # The server runs its engine in a process of its own (a parent that runs vLLM in-process may say otherwise).
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        if spec.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = spec.gpus
+        if _on_cpu(spec):
+            env["VLLM_USE_AOT_COMPILE"] = "0"
+            if spec.cpus is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpus  # vLLM's own binding would pick a NUMA node's cores
+        return env
+
+    def start(self) -> None:
+        """Start every server, then wait until each answers ``GET /health``; on a failure stop them all and raise
+        ``ServerStartError``."""
+        if self._processes:
+            raise RuntimeError("these servers are already started")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        try:
+            for spec, url in zip(self.specs, self.urls):
+                self._check_port(spec, url)
+                self._processes[url] = self._spawn(spec, url)
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """TERM each server's process group, KILL what is left after a grace period. Idempotent."""
+        processes, self._processes = self._processes, {}
+        atexit.unregister(self.stop)
+        for process in processes.values():
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for process in processes.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # The group goes too: workers the server started may outlive it.
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+    def dead(self) -> list[tuple[str, int]]:
+        """``(url, returncode)`` of each started server whose process has exited."""
+        return [(url, process.returncode) for url, process in self._processes.items() if process.poll() is not None]
+
+    def _check_port(self, spec: ServerSpec, url: str) -> None:
+        with socket.socket(_family(spec.host), socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            try:
+                sock.bind((spec.host, spec.port))
+            except OSError as err:
+                raise ServerStartError(f"rollout server {url} cannot listen on port {spec.port}: {err}") from err
+
+    def _spawn(self, spec: ServerSpec, url: str) -> subprocess.Popen:
+        cpus = _parse_cpus(spec.cpus) if spec.cpus is not None else None
+        with open(self.log_path(url), "ab") as log:
+            return subprocess.Popen(
+                self.command(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(spec),
+                start_new_session=True,  # its own process group: stop() reaches the engine and worker processes
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
+            )
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        waiting = list(self.urls)
+        while waiting:
+            for url in list(waiting):
+                code = self._processes[url].poll()
+                if code is not None:
+                    raise ServerStartError(self._failure(url, f"its process exited with code {code}"))
+                if _healthy(url):
+                    waiting.remove(url)
+            if waiting and time.monotonic() > deadline:
+                raise ServerStartError(
+                    self._failure(waiting[0], f"it did not answer GET /health within {self.startup_timeout:g} s")
+                )
+            if waiting:
+                time.sleep(_POLL_S)
+
+    def _failure(self, url: str, why: str) -> str:
+        log = self.log_path(url)
+        try:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+        except OSError as err:
+            tail = f"(the log cannot be read: {err})"
+        return f"rollout server {url} did not start: {why}; log {log}, last lines:\n{tail}"
+
+
+def _on_cpu(spec: ServerSpec) -> bool:
+    if spec.gpus is not None:
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _parse_cpus(text: str) -> set[int]:
+    """A CPU list as taskset writes one: "3", "0-3", "0,2,4-5"."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        cpus = set()
+    if not cpus:
+        raise ValueError(f"ServerSpec.cpus {text!r} is not a CPU list such as '1', '0-3' or '0,2,4-5'")
+    return cpus
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)  # start_new_session: the group's id is the server's pid
+    except ProcessLookupError:
+        pass

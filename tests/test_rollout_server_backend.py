@@ -1,0 +1,417 @@
+"""The server side of rollout=server against a real stock vLLM server on the tiny model: the token guard, a weight
+push through the file backend (log-probs after it equal an HF forward of the pushed weights), crafted pushes the
+backend refuses while the server keeps serving its weights, the chunk writer, and a launch that fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from stare_lightning.rollout.server.transfer import (
+    DTYPES,
+    TransferRefused,
+    checkpoint_shapes,
+    new_transfer_directory,
+    parse_chunk,
+    write_chunks,
+)
+
+TOKEN = "test-token-0123456789"
+HTTP_TIMEOUT_S = 120  # one request on a busy two-core machine; a push of the tiny model takes well under a second
+PROMPT = [1, 9, 10, 11, 12]
+TEMPERATURE = 0.7
+
+
+# ---- the chunk writer and the checks that need no server ----
+
+
+def _weights(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"a.weight": (3, 5), "b.bias": (7,), "c.scale": (), "d.empty": (0, 4), "e.big": (40, 10)}
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float32, torch.float32]
+    return [
+        (name, torch.randn(shape, generator=generator).to(dtype))
+        for (name, shape), dtype in zip(shapes.items(), dtypes)
+    ]
+
+
+def _read_back(directory: Path, infos: list[dict]) -> dict[str, torch.Tensor]:
+    out = {}
+    for info in infos:
+        spec = parse_chunk(info)
+        raw = (directory / spec.file).read_bytes()
+        assert len(raw) == spec.total_bytes
+        offset = 0
+        for name, dtype, shape, size in zip(spec.names, spec.dtype_names, spec.shapes, spec.sizes):
+            tensor = torch.empty(shape, dtype=DTYPES[dtype])
+            tensor.reshape(-1).view(torch.uint8).copy_(
+                torch.tensor(list(raw[offset : offset + size]), dtype=torch.uint8)
+            )
+            out[name] = tensor
+            offset += size
+    return out
+
+
+def test_write_chunks_round_trips_bit_exactly_and_splits_at_chunk_bytes(tmp_path):
+    weights = _weights()
+    infos = list(write_chunks(iter(weights), tmp_path, chunk_bytes=100))
+    back = _read_back(tmp_path, infos)
+    assert list(back) == [name for name, _ in weights]
+    for name, tensor in weights:
+        assert back[name].dtype == tensor.dtype and back[name].shape == tensor.shape
+        assert torch.equal(back[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+    # 60 + 14 bytes fit 100; c (2 bytes) and d (0) join b's chunk... a chunk closes once it reaches 100 bytes, and
+    # e (1600 bytes, larger than a chunk) travels alone.
+    assert [info["names"] for info in infos] == [["a.weight", "b.bias", "c.scale", "d.empty"], ["e.big"]]
+    assert all(sum(info["tensor_sizes"]) <= 100 for info in infos if len(info["names"]) > 1)
+    assert [info["file"] for info in infos] == ["chunk-0.bin", "chunk-1.bin"]
+    # One chunk per tensor when every tensor reaches the size; all in one when the size is large.
+    assert len(list(write_chunks(weights, tmp_path, chunk_bytes=1))) == len(weights)
+    assert len(list(write_chunks(weights, tmp_path, chunk_bytes=1 << 20))) == 1
+
+
+def test_write_chunks_yields_each_chunk_once_written(tmp_path):
+    written = write_chunks(_weights(), tmp_path, chunk_bytes=1)
+    first = next(written)
+    assert (tmp_path / first["file"]).stat().st_size == sum(first["tensor_sizes"])
+    assert not (tmp_path / "chunk-1.bin").exists()  # the next tensor is not packed until asked for
+
+
+def test_write_chunks_refuses_other_dtypes(tmp_path):
+    with pytest.raises(ValueError, match=r"'x' has dtype float64"):
+        list(write_chunks([("x", torch.zeros(2, dtype=torch.float64))], tmp_path))
+
+
+def test_new_transfer_directory_is_private():
+    directory = new_transfer_directory()
+    try:
+        assert directory.is_dir() and (directory.stat().st_mode & 0o777) == 0o700
+        if os.access("/dev/shm", os.W_OK):
+            assert directory.parent == Path("/dev/shm")
+    finally:
+        directory.rmdir()
+
+
+GOOD_INFO = {
+    "file": "chunk-0.bin",
+    "names": ["w"],
+    "dtype_names": ["float32"],
+    "shapes": [[2, 3]],
+    "tensor_sizes": [24],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"file": "../chunk-0.bin"}, "not a plain file name"),
+        ({"file": "sub/chunk-0.bin"}, "not a plain file name"),
+        ({"file": ".."}, "not a plain file name"),
+        ({"file": 7}, "not a plain file name"),
+        ({"dtype_names": ["float64"]}, "dtype 'float64' is not one of"),
+        ({"dtype_names": ["int8"]}, "dtype 'int8' is not one of"),
+        ({"shapes": [[2, -3]]}, "not a list of at most"),
+        ({"shapes": [[2, True]]}, "not a list of at most"),
+        ({"shapes": [[2, 4]]}, "24 bytes do not match shape"),
+        ({"tensor_sizes": [23]}, "23 bytes do not match shape"),
+        ({"tensor_sizes": [24, 4]}, "differ in length"),
+        ({"names": ["w x"]}, "not a checkpoint name"),
+        ({"names": [""]}, "not a checkpoint name"),
+        ({"names": []}, "differ in length"),
+        ({"extra": 1}, "unknown: \\['extra'\\]"),
+    ],
+)
+def test_parse_chunk_refuses_crafted_descriptions(change, message):
+    assert parse_chunk(GOOD_INFO).total_bytes == 24
+    with pytest.raises(TransferRefused, match=message):
+        parse_chunk({**GOOD_INFO, **change})
+
+
+def test_parse_chunk_refuses_a_name_twice():
+    info = {**GOOD_INFO, "names": ["w", "w"], "dtype_names": ["float32"] * 2, "shapes": [[2, 3]] * 2}
+    with pytest.raises(TransferRefused, match="twice"):
+        parse_chunk({**info, "tensor_sizes": [24, 24]})
+
+
+def test_checkpoint_shapes_reads_the_safetensors_headers(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    shapes = checkpoint_shapes(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert shapes == {name: tuple(param.shape) for name, param in model.named_parameters()}
+    with pytest.raises(TransferRefused, match=r"not a directory with \*\.safetensors"):
+        checkpoint_shapes(tmp_path)
+
+
+# ---- the token guard and the plugin without a server ----
+
+
+def test_token_guard_refuses_to_start_without_its_token(monkeypatch):
+    from stare_lightning.rollout.server.auth import TOKEN_ENV, RequireToken
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=TOKEN_ENV):
+        RequireToken(app=None)
+
+
+@pytest.mark.vllm
+def test_plugin_is_installed_and_registers_once():
+    from importlib.metadata import entry_points
+
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from stare_lightning.rollout.server.plugin import register
+    from stare_lightning.rollout.server.transfer import BACKEND
+
+    (entry,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "stare_lightning"]
+    assert entry.load() is register
+    register()
+    register()  # vLLM loads plugins more than once per process family
+    assert WeightTransferEngineFactory._registry[BACKEND]().__name__ == "FileWeightTransferEngine"
+
+
+# ---- launching ----
+
+
+def test_a_server_that_cannot_start_names_its_url_and_log(tmp_path):
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, ServerStartError, free_ports
+
+    (port,) = free_ports(1)
+    servers = LaunchedServers(
+        tmp_path / "no-such-model", [ServerSpec(port)], log_dir=tmp_path, token=TOKEN, startup_timeout=300
+    )
+    with pytest.raises(ServerStartError) as err:
+        servers.start()
+    message = str(err.value)
+    assert f"http://127.0.0.1:{port}" in message and "exited with code" in message
+    assert str(tmp_path / f"server-{port}.log") in message and "no-such-model" in message
+    assert servers.dead() == []  # stopped
+
+
+def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, ServerStartError
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        servers = LaunchedServers("unused", [ServerSpec(port)], log_dir=tmp_path, token=TOKEN)
+        with pytest.raises(ServerStartError, match=rf"http://127\.0\.0\.1:{port} cannot listen on port {port}"):
+            servers.start()
+    assert not (tmp_path / f"server-{port}.log").exists()
+
+
+# ---- one real server ----
+
+
+def _request(url: str, path: str, body=None, *, token: str | None = TOKEN, method: str | None = None):
+    """(status, parsed JSON body) of one request."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url + path, data=data, headers=headers, method=method or ("POST" if data else "GET")
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def _ok(url: str, path: str, body=None, method: str | None = None):
+    status, answer = _request(url, path, body, method=method)
+    assert status == 200, (path, status, answer)
+    return answer
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    from tests.needs import require
+
+    require("vllm")
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+
+    (port,) = free_ports(1)
+    logs = tmp_path_factory.mktemp("server_logs")
+    with LaunchedServers(
+        tiny_dir, [ServerSpec(port)], log_dir=logs, token=TOKEN, max_model_len=256, kv_cache_memory_bytes=64 << 20
+    ) as launched:
+        directory = tmp_path_factory.mktemp("transfer")
+        directory.chmod(0o700)
+        _ok(launched.urls[0], "/init_weight_transfer_engine", {"init_info": {"directory": str(directory)}})
+        yield launched.urls[0], directory
+
+
+def _generate(url: str) -> tuple[list[int], torch.Tensor]:
+    answer = _ok(
+        url,
+        "/inference/v1/generate",
+        {
+            "token_ids": PROMPT,
+            "sampling_params": {
+                "n": 1,
+                "max_tokens": 8,
+                "seed": 7,
+                "temperature": TEMPERATURE,
+                "top_p": 1.0,
+                "top_k": -1,
+                "logprobs": 0,
+                "ignore_eos": True,
+            },
+        },
+    )
+    (choice,) = answer["choices"]
+    return choice["token_ids"], torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
+
+
+def _hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + ids])).logits[0, len(PROMPT) - 1 : -1].double()
+    return torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+
+
+def _perturbed(tiny_dir, seed: int):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def _push(url: str, directory: Path, weights, version: str, *, chunk_bytes: int = 100_000) -> None:
+    _ok(url, "/pause?mode=wait", method="POST")
+    try:
+        _ok(url, "/start_weight_update", method="POST")
+        for info in write_chunks(weights, directory, chunk_bytes=chunk_bytes):
+            _ok(url, "/update_weights", {"update_info": info})
+        _ok(url, "/finish_weight_update", {"weight_version": version})
+    finally:
+        _ok(url, "/resume", method="POST")
+        _clear(directory)
+
+
+def _clear(directory: Path) -> None:
+    for entry in directory.iterdir():
+        entry.unlink()
+
+
+def _named(model) -> list[tuple[str, torch.Tensor]]:
+    return [(name, param.detach()) for name, param in model.named_parameters()]
+
+
+@pytest.mark.vllm
+def test_every_route_but_health_needs_the_token(server):
+    url, _ = server
+    assert _request(url, "/health", token=None)[0] == 200
+    for path, body in [
+        ("/pause", None),
+        ("/resume", None),
+        ("/update_weights", {"update_info": {}}),
+        ("/collective_rpc", {"method": "get_model"}),
+        ("/v1/completions", {"model": "x", "prompt": [1, 2], "max_tokens": 1}),
+        ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1}}),
+    ]:
+        for token in (None, "wrong-token"):
+            status, answer = _request(url, path, body, token=token, method="POST")
+            assert status == 401 and "Unauthorized" in answer["error"], (path, token, status, answer)
+    assert _request(url, "/weight_info", token=None)[0] == 401
+    assert _request(url, "/is_paused")[1] == {"is_paused": False}  # nothing above paused it
+
+
+@pytest.mark.vllm
+def test_a_push_serves_the_pushed_weights(server, tiny_dir):
+    url, directory = server
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    ids, before = _generate(url)
+    assert (before.double() - _hf_logprobs(original, ids)).abs().max() < 1e-5
+
+    pushed = _perturbed(tiny_dir, seed=1)
+    _push(url, directory, _named(pushed), "step-1")
+    assert _ok(url, "/weight_info") == {"weight_version": "step-1"}
+    ids, after = _generate(url)
+    assert (after.double() - _hf_logprobs(pushed, ids)).abs().max() < 1e-5
+    assert (after.double() - _hf_logprobs(original, ids)).abs().max() > 1e-3  # the push changed what is served
+
+
+def _crafted_rounds(tiny_dir, directory: Path, outside: Path):
+    """(what, the chunks of one round, what the refusal says): each refused before the model is touched."""
+    good = list(write_chunks(_named(_perturbed(tiny_dir, seed=2)), directory, chunk_bytes=100_000))
+    first, rest = good[0], good[1:]
+    (outside / "stolen.bin").write_bytes((directory / first["file"]).read_bytes())
+    os.symlink(outside / "stolen.bin", directory / "link.bin")
+    os.mkfifo(directory / "fifo.bin")
+    multi = next(chunk for chunk in good if len(chunk["names"]) > 1)
+    short = {key: value[:-1] if isinstance(value, list) else value for key, value in multi.items()}  # its last dropped
+    return [
+        ("a path out of the directory", [dict(first, file="../" + outside.name + "/stolen.bin")], "plain file name"),
+        ("a file name with a slash", [dict(first, file="sub/" + first["file"])], "plain file name"),
+        ("a symlink", [dict(first, file="link.bin")], "cannot be opened as a file"),
+        ("a FIFO", [dict(first, file="fifo.bin")], "not a regular file"),
+        ("a missing file", [dict(first, file="nothing.bin")], "does not exist"),
+        ("a size mismatch", [short], "holds .* bytes"),
+        ("a bad dtype name", [dict(first, dtype_names=["float64"] + first["dtype_names"][1:])], "float64"),
+        ("shapes not matching sizes", [dict(first, shapes=[[1]] + first["shapes"][1:])], "do not match shape"),
+        ("a name not in the checkpoint", [dict(first, names=["lm_head.nope"] + first["names"][1:])], "not in the"),
+        ("a good chunk, then a repeated one", [first, first], "came twice"),
+        ("a good chunk, then a bad one", [*rest[:1], dict(first, file="../x")], "plain file name"),
+    ]
+
+
+@pytest.mark.vllm
+def test_refused_pushes_leave_the_served_weights_and_a_good_round_follows(server, tiny_dir, tmp_path):
+    url, directory = server
+    _push(url, directory, _named(_perturbed(tiny_dir, seed=3)), "step-3")
+    ids, served = _generate(url)
+    for what, chunks, refusal in _crafted_rounds(tiny_dir, directory, tmp_path):
+        _ok(url, "/pause?mode=wait", method="POST")
+        _ok(url, "/start_weight_update", method="POST")
+        statuses = [_request(url, "/update_weights", {"update_info": chunk}) for chunk in chunks]
+        *accepted, (status, answer) = statuses
+        assert all(code == 200 for code, _ in accepted), (what, accepted)
+        assert status == 500, (what, status, answer)
+        assert re.search(refusal, answer["error"]["message"]), (what, answer)
+        # vLLM closed the round with the failed chunk: finishing it is refused, the version stays.
+        assert _request(url, "/finish_weight_update", {"weight_version": "bad"})[0] == 500
+        _ok(url, "/resume", method="POST")
+        assert _request(url, "/health", token=None)[0] == 200, what
+        assert _same(_generate(url), (ids, served)), what
+        assert _ok(url, "/weight_info") == {"weight_version": "step-3"}, what
+    _clear(directory)
+
+    # A round that lacks tensors is refused at its finish; a second finish closes it, the model untouched.
+    model = _perturbed(tiny_dir, seed=4)
+    _ok(url, "/pause?mode=wait", method="POST")
+    _ok(url, "/start_weight_update", method="POST")
+    for info in write_chunks(_named(model)[:-1], directory, chunk_bytes=100_000):
+        _ok(url, "/update_weights", {"update_info": info})
+    status, answer = _request(url, "/finish_weight_update", {"weight_version": "partial"})
+    assert status == 500 and "lacks 1 of the checkpoint's" in answer["error"]["message"], answer
+    _ok(url, "/finish_weight_update", method="POST")
+    _ok(url, "/resume", method="POST")
+    _clear(directory)
+    assert _same(_generate(url), (ids, served))
+    assert _ok(url, "/weight_info") == {"weight_version": "step-3"}
+
+    _push(url, directory, _named(model), "step-4")
+    assert _ok(url, "/weight_info") == {"weight_version": "step-4"}
+    new_ids, new = _generate(url)
+    assert (new.double() - _hf_logprobs(model, new_ids)).abs().max() < 1e-5
+
+
+def _same(a, b) -> bool:
+    return a[0] == b[0] and torch.equal(a[1], b[1])
