@@ -142,9 +142,9 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
         ["grpo_ds_seed1", "grpo_ds_seed2", "grpo_ds_seed3", "stare_c2_seed1", "stare_o1_adaptive_seed3"],
         1,
     ),
-    "selector_ablation.ipynb": (  # seeds are added as they finish: list the runs committed so far
+    "selector_ablation.ipynb": (
         "data/selector_ablation",
-        ["stare_o1_seed1", "stare_o1_seed2", "stare_o1_random_seed1", "stare_o1_entropy_seed1"],
+        [f"{arm}_seed{seed}" for arm in ("stare_o1", "stare_o1_random", "stare_o1_entropy") for seed in (1, 2, 3)],
         2,
     ),
     "smollm2_study.ipynb": (

@@ -28,6 +28,8 @@ LABELS = {"grpo_ds": "GRPO-ds", "stare_o1": "STARE-O1"}
 # (notebook, index of the code cell among cells, index of the image in that cell's outputs) -> file name
 NOTEBOOK_IMAGES = {
     ("offline_tradeoff.ipynb", 5, 0): "offline_tradeoff.png",
+    ("selector_ablation.ipynb", 8, 0): "selector_ablation_entropy.png",
+    ("selector_ablation.ipynb", 10, 0): "selector_ablation_mechanism.png",
     ("smollm2_study.ipynb", 3, 0): "smollm2_study.png",
     ("smollm2_study.ipynb", 5, 0): "smollm2_pass_at_k.png",
     ("entropy_dynamics.ipynb", 7, 0): "telemetry_overview.png",
