@@ -415,3 +415,17 @@ def test_refused_pushes_leave_the_served_weights_and_a_good_round_follows(server
 
 def _same(a, b) -> bool:
     return a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+@pytest.mark.vllm
+def test_the_transfer_directory_must_be_absolute_and_private(server, tiny_dir, tmp_path):
+    url, directory = server
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    for given, refusal in [(str(shared), "writable by other users"), ("relative/dir", "must be an absolute path")]:
+        status, answer = _request(url, "/init_weight_transfer_engine", {"init_info": {"directory": given}})
+        assert status == 500 and refusal in answer["error"]["message"], (given, answer)
+    # The refused directories did not replace the one in use: a push through it still works.
+    _push(url, directory, _named(_perturbed(tiny_dir, seed=5)), "step-5")
+    assert _ok(url, "/weight_info") == {"weight_version": "step-5"}
