@@ -2,7 +2,7 @@
 # Does STARE need the *surprising* tokens, or only their count? STARE-O1 on the offline default with three
 # selectors (algorithm.stare.selector): surprisal (the paper's), the predictive entropy at the token, and the
 # random control (the same number of tokens of each advantage sign, drawn uniformly from a seeded generator),
-# seeds 1, 2, 3: nine jobs, each its own resumable process (scripts/study_jobs.sh), about 6 minutes each on an
+# seeds 1, 2, 3: nine jobs, each its own resumable process (scripts/study_jobs.sh), 3 to 11 minutes each on an
 # idle 2-core CPU. Then the small summaries notebooks/selector_ablation.ipynb reads, and the seed statistics
 # paired against the surprisal arm.
 #   scripts/selector_ablation.sh [directory (default multirun/selector_ablation)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
@@ -134,7 +135,7 @@ class STAREModule(LightningModule):
 
     def _rollout_engine(self):
         dtype = compute_dtype(self.trainer.strategy, self.trainer.precision, self.policy)
-        return self.engine.get(self.policy, dtype)
+        return self.engine.get(self.policy, dtype, log_dir=Path(self.trainer.default_root_dir) / "servers")
 
     def _sampler(self):
         """What rollouts come from: the engine, or tool-using episodes on top of it."""
@@ -160,6 +161,8 @@ class STAREModule(LightningModule):
             world_size=self.trainer.world_size,
             same_batch_entropy=self.same_batch_entropy,
         )
+        if self.rollout.backend == "server":  # a server that does not answer stops the run before the first step
+            self._rollout_engine()
 
     def _stateful(self) -> dict:
         """What a checkpoint keeps besides weights, optimizer and telemetry (None: this run has no such part)."""

@@ -19,7 +19,8 @@ from typing import Any
 from stare_lightning.config.checks import choice, flag, number
 from stare_lightning.rollout.base import SamplingParams
 
-BACKENDS = ("auto", "vllm", "hf")
+BACKENDS = ("auto", "vllm", "hf", "server")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MAX_TURNS = 4  # tool calls answered per episode when rollout.max_turns is null
 # vllm.LLM arguments the project sets itself, and where each comes from.
 ENGINE_OWNED_KEYS = {
@@ -44,6 +45,76 @@ COMMON_ENGINE_KEYS = (
     "enable_prefix_caching",
     "enforce_eager",
 )
+
+
+@dataclass
+class ServerConfig:
+    """``rollout.server``: generation on separate vLLM servers (``rollout.backend=server``, rollout/server/)."""
+
+    launch: bool = True
+    """Start the servers with the run and stop them with it; false: reach running servers at `urls`."""
+    urls: list[str] = field(default_factory=list)
+    """With launch=false: each server's base URL, e.g. http://rollout-node-1:8000."""
+    count: int = 1
+    """With launch=true: how many servers to start."""
+    host: str = "127.0.0.1"
+    """With launch=true: the address the servers listen on (loopback unless told otherwise)."""
+    port: int = 0
+    """With launch=true: the first server's port, the others following it; 0: free ports."""
+    cpus: list[str] = field(default_factory=list)
+    """With launch=true: the CPUs each server is pinned to, one entry per server (e.g. ["1"]); empty: no pinning."""
+    gpus: list[str] = field(default_factory=list)
+    """With launch=true: each server's CUDA_VISIBLE_DEVICES, one entry per server; empty: inherited."""
+    token_env: str = "STARE_LIGHTNING_SERVER_TOKEN"
+    """The environment variable holding the servers' credential (launched servers get a fresh one when it is unset)."""
+    startup_timeout: float = 600.0
+    """Seconds a launched server may take to answer its health check."""
+    request_timeout: float = 600.0
+    """Seconds one request may take (a generation, a weight chunk) before the run stops naming the server."""
+    chunk_mb: int = 64
+    """Size of one packed chunk of a weight push."""
+
+    def check(self, backend: str) -> None:
+        p = "rollout.server."
+        flag(f"{p}launch", self.launch)
+        number(f"{p}count", self.count, low=1, integer=True)
+        number(f"{p}port", self.port, low=0, high=65535, integer=True)
+        number(f"{p}startup_timeout", self.startup_timeout, low=0.0, low_open=True)
+        number(f"{p}request_timeout", self.request_timeout, low=0.0, low_open=True)
+        number(f"{p}chunk_mb", self.chunk_mb, low=1, integer=True)
+        if not isinstance(self.token_env, str) or not self.token_env.isidentifier():
+            raise ValueError(f"{p}token_env={self.token_env!r} is not allowed: must be an environment variable name")
+        for url in self.urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or url.count("/") > 3:
+                raise ValueError(f"{p}urls entry {url!r} is not allowed: must be a base URL like http://host:8000")
+        if backend != "server":
+            if self != ServerConfig():
+                raise ValueError(
+                    f"rollout.server settings do nothing with rollout.backend={backend}: they configure separate "
+                    "generation servers; use rollout=server, or leave rollout.server at its defaults"
+                )
+            return
+        if not self.launch:
+            if not self.urls:
+                raise ValueError(f"{p}launch=false needs {p}urls: the base URLs of the running servers")
+            launched_only = {"count": 1, "host": "127.0.0.1", "port": 0, "cpus": [], "gpus": []}
+            for key, default in launched_only.items():
+                if getattr(self, key) != default:
+                    raise ValueError(
+                        f"{p}{key} does nothing with {p}launch=false: it places servers the run starts; the "
+                        f"servers at {p}urls were placed by whoever started them"
+                    )
+            return
+        if self.urls:
+            raise ValueError(f"{p}urls does nothing with {p}launch=true: set launch=false to use running servers")
+        for key in ("cpus", "gpus"):
+            if getattr(self, key) and len(getattr(self, key)) != self.count:
+                raise ValueError(
+                    f"{p}{key} has {len(getattr(self, key))} entries for {p}count={self.count}: give one per server"
+                )
+
+    def server_count(self) -> int:
+        return self.count if self.launch else len(self.urls)
 
 
 @dataclass
@@ -80,6 +151,8 @@ class RolloutConfig:
     """Steps in a row above `canary_threshold` before the run stops."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """More `vllm.LLM` arguments, checked against the installed vLLM, e.g. `max_num_seqs`."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """With `backend: server`: where the vLLM servers run and how the trainer reaches them."""
 
     def __post_init__(self) -> None:
         p = "rollout."
@@ -97,6 +170,20 @@ class RolloutConfig:
             number(f"{p}{key}", getattr(self, key), low=0.0, high=1.0, low_open=True)
         flag(f"{p}enable_sleep_mode", self.enable_sleep_mode)
         self.engine_kwargs = _checked_engine_kwargs(self.engine_kwargs, self.backend)
+        if isinstance(self.server, Mapping):
+            self.server = ServerConfig(**_plain(self.server))
+        self.server.check(self.backend)
+        if self.backend == "server" and (self.enable_sleep_mode or self.tensor_parallel_size != 1):
+            raise ValueError(
+                "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing with rollout.backend=server: "
+                "they configure an engine inside the trainer, and a server keeps its own memory and GPUs; leave them "
+                "at false and 1"
+            )
+        if self.backend == "server" and self.engine_kwargs:
+            raise ValueError(
+                f"rollout.engine_kwargs={self.engine_kwargs} is not allowed with rollout.backend=server: they go to "
+                "an in-process vllm.LLM; a server takes its settings on its command line (rollout/server/launch.py)"
+            )
 
     def episode_turns(self) -> int:
         """Tool calls answered per episode (with a tool)."""

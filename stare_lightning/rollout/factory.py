@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -43,11 +44,19 @@ def build_engine(
     *,
     seed: int = 0,
     compute_dtype: torch.dtype | None = None,
+    log_dir: Path | None = None,
 ):
     """``compute_dtype``: the dtype the trainer computes in (vLLM runs in it, so both see the same
     numerics); by default the policy parameters' dtype. ``cfg.engine_kwargs`` are checked against the
-    installed vLLM before the engine is built, then passed to ``vllm.LLM``."""
+    installed vLLM before the engine is built, then passed to ``vllm.LLM``. ``log_dir``: where servers the run
+    starts (``rollout.backend=server``) write their logs."""
     backend = resolve_backend(cfg.backend)
+    dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
+    if backend == "server":
+        from stare_lightning.rollout.server.connect import connect_servers
+
+        logs = Path(log_dir) if log_dir is not None else Path.cwd() / "servers"
+        return connect_servers(cfg.server, model_dir, dtype=dtype, seed=seed, log_dir=logs)
     if backend == "hf":
         from stare_lightning.rollout.hf import HFRolloutEngine
 
@@ -61,7 +70,6 @@ def build_engine(
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
     check_engine_kwargs(cfg.engine_kwargs)
-    dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
     return VLLMRolloutEngine(
         model_dir,
         dtype=dtype,
@@ -82,14 +90,21 @@ class SyncedEngine:
         self.engine = None
         self.stale = True
 
-    def get(self, policy: torch.nn.Module, compute_dtype: torch.dtype | None = None):
-        """The engine holding ``policy``'s current weights (``compute_dtype`` applies when it is built)."""
+    def get(self, policy: torch.nn.Module, compute_dtype: torch.dtype | None = None, log_dir: Path | None = None):
+        """The engine holding ``policy``'s current weights (``compute_dtype`` and ``log_dir`` apply when it is
+        built)."""
         # Validation runs under inference mode; an engine built or synced there would hold inference tensors
         # that a later sync during training may not update in place.
         with torch.inference_mode(False):
             if self.engine is None:
                 self.engine = build_engine(
-                    self.cfg, policy, self.tokenizer, self.model_dir, seed=self.seed, compute_dtype=compute_dtype
+                    self.cfg,
+                    policy,
+                    self.tokenizer,
+                    self.model_dir,
+                    seed=self.seed,
+                    compute_dtype=compute_dtype,
+                    log_dir=log_dir,
                 )
                 self.stale = getattr(self.engine, "holds_weight_copy", True)
             if self.stale:

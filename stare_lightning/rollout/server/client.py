@@ -1,0 +1,128 @@
+"""The trainer's side of one vLLM server: token ids in, token ids and log-probs out, and the weight push.
+
+Everything goes over the stock server's HTTP routes (no pickle in either direction): generation through the
+token-in/token-out route ``/inference/v1/generate``, which also says which weight version produced each token, and
+the push through vLLM's RL routes in their documented order (pause, start, one update per packed chunk, finish with
+the version, resume). Every request carries the run's credential and has a timeout, so a server that stops answering
+ends the run with one line naming it instead of a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["Completion", "RolloutServerError", "ServerClient"]
+
+
+class RolloutServerError(ConnectionError):
+    """A rollout server refused a request or stopped answering; the message names it. A ``ConnectionError`` (an
+    ``OSError``): the run ends with this one line, as with any other unreachable resource (``user_errors``)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sample: its token ids, their log-probs, the text, why it ended, and the weight versions it spans."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    weight_versions: tuple[str, ...]
+
+
+class ServerClient:
+    def __init__(self, url: str, *, token: str | None, timeout: float) -> None:
+        self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+
+    def _request(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as error:
+            detail = error.read()[:500].decode(errors="replace")
+            raise RolloutServerError(
+                f"rollout server {self.url} refused {method} {path}: HTTP {error.code} {detail}"
+            ) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise RolloutServerError(
+                f"rollout server {self.url} did not answer {method} {path} within {timeout or self.timeout:g} s "
+                f"({reason})"
+            ) from None
+        try:
+            return json.loads(payload) if payload else {}
+        except json.JSONDecodeError:
+            raise RolloutServerError(
+                f"rollout server {self.url} answered {path} with something other than JSON"
+            ) from None
+
+    def healthy(self, timeout: float = 10.0) -> bool:
+        try:
+            self._request("GET", "/health", timeout=timeout)
+        except RolloutServerError:
+            return False
+        return True
+
+    def weight_version(self) -> str:
+        return str(self._request("GET", "/weight_info").get("weight_version"))
+
+    def generate(self, prompt: list[int], sampling: dict) -> list[Completion]:
+        """``sampling``: vLLM sampling parameters as JSON (n, max_tokens, temperature, seed, ...)."""
+        answer = self._request(
+            "POST",
+            "/inference/v1/generate",
+            {"token_ids": list(prompt), "sampling_params": sampling, "return_token_ids": True, "output_mode": "text"},
+        )
+        choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != sampling["n"]:
+            raise RolloutServerError(
+                f"rollout server {self.url} returned {len(choices)} samples, expected {sampling['n']}"
+            )
+        return [self._completion(choice) for choice in choices]
+
+    def _completion(self, choice: dict) -> Completion:
+        ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        # In text mode each entry names its token as text; the ids are ``token_ids``, position by position.
+        if len(content) != len(ids) or any("token_id" in c and int(c["token_id"]) != t for c, t in zip(content, ids)):
+            raise RolloutServerError(f"rollout server {self.url} returned log-probs that do not match its tokens")
+        versions = tuple(str(span["version"]) for span in choice.get("weight_versions") or [])
+        return Completion(
+            token_ids=ids,
+            logprobs=[float(c["logprob"]) for c in content],
+            text=str(choice.get("text") or ""),
+            finish_reason=str(choice.get("finish_reason")),
+            weight_versions=versions,
+        )
+
+    # ------------------------------------------------------------------------------------- the weight push
+    def init_transfer(self, init_info: dict) -> None:
+        self._request("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def begin_push(self) -> None:
+        """Stop admitting work once the requests in flight are done, then open a weight-update round."""
+        self._request("POST", "/pause?mode=wait")
+        self._request("POST", "/start_weight_update")
+
+    def send_chunk(self, update_info: dict) -> None:
+        self._request("POST", "/update_weights", {"update_info": update_info})
+
+    def end_push(self, version: str) -> None:
+        """Apply the round (the server loads every chunk at once) under ``version``, then serve again."""
+        self._request("POST", "/finish_weight_update", {"weight_version": version})
+        self._request("POST", "/resume")
+
+    def push(self, chunks: Iterable[dict], version: str) -> None:
+        self.begin_push()
+        for chunk in chunks:
+            self.send_chunk(chunk)
+        self.end_push(version)

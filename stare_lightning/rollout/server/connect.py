@@ -1,0 +1,62 @@
+"""Reach the run's rollout servers: start them (``rollout.server.launch=true``, on rank 0) or take the given URLs,
+check each answers before the first step, and hand every rank the same URLs and credential."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from stare_lightning import distributed
+from stare_lightning.rollout.config import ServerConfig
+from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+from stare_lightning.rollout.server.engine import ServerRolloutEngine
+
+__all__ = ["connect_servers"]
+
+
+def connect_servers(
+    server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path
+) -> ServerRolloutEngine:
+    launched, urls, token, problem = None, list(server.urls), os.environ.get(server.token_env), None
+    if server.launch:
+        token = token or secrets.token_urlsafe(32)
+        if distributed.rank() == 0:
+            try:
+                launched = _launch(server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token)
+                urls = list(launched.urls)
+            except Exception as error:  # every rank must hear of it, or the others wait at the gather below
+                problem = str(error)
+        urls, token, problem = distributed.all_gather_objects((urls, token, problem))[0]
+    if problem:
+        raise RolloutServerError(problem)
+    clients = [ServerClient(url, token=token, timeout=server.request_timeout) for url in urls]
+    silent = [client.url for client in clients if not client.healthy()]
+    if silent:
+        if launched is not None:
+            launched.stop()
+        raise RolloutServerError(
+            f"rollout server {', '.join(silent)} does not answer its health check (GET /health): start it, or correct "
+            "rollout.server.urls (docs/guides/servers.md)"
+        )
+    return ServerRolloutEngine(clients, chunk_bytes=server.chunk_mb << 20, launched=launched)
+
+
+def _launch(server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, token: str):
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+
+    ports = [server.port + i for i in range(server.count)] if server.port else free_ports(server.count, server.host)
+    specs = [
+        ServerSpec(
+            port=port,
+            host=server.host,
+            cpus=server.cpus[i] if server.cpus else None,
+            gpus=server.gpus[i] if server.gpus else None,
+        )
+        for i, port in enumerate(ports)
+    ]
+    launched = LaunchedServers(
+        model_dir, specs, log_dir=log_dir, token=token, dtype=dtype, seed=seed, startup_timeout=server.startup_timeout
+    )
+    launched.start()
+    return launched

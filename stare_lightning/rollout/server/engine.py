@@ -1,0 +1,180 @@
+"""``ServerRolloutEngine``: the ``RolloutEngine`` of ``rollout.backend=server``, generation on separate vLLM servers.
+
+Each prompt is one request with its own seed (vLLM seeds sample ``j`` with ``seed + j``, as the colocated engine
+does), so a sample depends neither on the batch it came in nor on the server that drew it; prompts are dealt to the
+servers in turn and sent concurrently. After every optimizer step ``sync_weights`` gathers the policy's full weights
+on every rank (FSDP2's collectives), and rank 0 packs them into chunk files and pushes them to every server with
+vLLM's weight-transfer protocol (``client.ServerClient.push``) under a new version; the other ranks wait for it at a
+collective. Every response says which version produced it, and one from any other version than the last pushed
+stops the run: no sample comes from weights the trainer no longer has, or from a half-finished push.
+
+The chunks travel as files in a directory the trainer and the servers both see (``/dev/shm`` on one host); vLLM's
+NCCL engine is the GPU path across nodes (docs/guides/servers.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from stare_lightning import distributed
+from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.server.client import Completion, RolloutServerError, ServerClient
+from stare_lightning.rollout.weights import iter_full_weights
+
+__all__ = ["ServerRolloutEngine", "sampling_request"]
+
+
+def sampling_request(params: SamplingParams, seed: int | None, budget: int) -> dict:
+    """One prompt's vLLM sampling parameters as JSON: the colocated engine's (``vllm_settings.request_params``)."""
+    return {
+        "n": params.n,
+        "max_tokens": budget,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "seed": seed,
+        "logprobs": 0,
+        "detokenize": True,
+        "skip_special_tokens": True,
+        "stop": list(params.stop) or None,
+        "include_stop_str_in_output": True,
+    }
+
+
+class ServerRolloutEngine:
+    # The servers keep their own copy of the weights: sync_weights must follow every optimizer step.
+    holds_weight_copy = True
+
+    def __init__(self, clients: Sequence[ServerClient], *, chunk_bytes: int, launched=None) -> None:
+        if not clients:
+            raise ValueError("ServerRolloutEngine needs at least one server")
+        self.clients, self.chunk_bytes, self.launched = list(clients), chunk_bytes, launched
+        self.version: str | None = None  # the weights every server holds (None: the checkpoint it started from)
+        self.pushes = 0
+        self.last_sync_seconds = 0.0
+        self._transfer_dir: Path | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8 * len(self.clients), thread_name_prefix="rollout-server")
+
+    # -- generation -------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> Rollouts:
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("Every prompt needs at least one token")
+        budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
+        requests = zip(prompt_ids, request_seeds(params, len(prompt_ids), seeds), budgets)
+        start = time.perf_counter()
+        futures = [
+            self._pool.submit(self._client(i).generate, prompt, sampling_request(params, seed, budget))
+            for i, (prompt, seed, budget) in enumerate(requests)
+        ]
+        answers = [self._result(future, i) for i, future in enumerate(futures)]
+        seconds = time.perf_counter() - start
+        rows, responses, logprobs, texts, reasons = [], [], [], [], []
+        for i, (prompt, completions) in enumerate(zip(prompt_ids, answers)):
+            for completion in completions:
+                self._check(completion, i)
+                rows.append(list(prompt))
+                responses.append(completion.token_ids)
+                logprobs.append(completion.logprobs)
+                texts.append(completion.text)
+                reasons.append(completion.finish_reason)
+        return Rollouts(
+            prompt_ids=rows,
+            response_ids=responses,
+            response_logprobs=logprobs,
+            texts=texts,
+            finish_reasons=reasons,
+            n=params.n,
+            generation_seconds=seconds,
+        )
+
+    def _client(self, prompt_index: int) -> ServerClient:
+        return self.clients[prompt_index % len(self.clients)]
+
+    def _result(self, future, prompt_index: int) -> list[Completion]:
+        try:
+            return future.result()
+        except RolloutServerError as error:
+            raise RolloutServerError(f"{error}{self._exit_note(self._client(prompt_index).url)}") from None
+
+    def _check(self, completion: Completion, prompt_index: int) -> None:
+        url = self._client(prompt_index).url
+        if completion.finish_reason not in ("stop", "length"):
+            raise RolloutServerError(
+                f"rollout server {url} ended a request with finish_reason={completion.finish_reason!r}"
+            )
+        if self.version is not None and set(completion.weight_versions) != {self.version}:
+            raise RolloutServerError(
+                f"rollout server {url} answered with weights {list(completion.weight_versions)}, expected "
+                f"{self.version!r}: the last weight push did not reach it"
+            )
+
+    def _exit_note(self, url: str) -> str:
+        for dead_url, code in self.launched.dead() if self.launched is not None else []:
+            if dead_url == url:
+                return f"; its process exited with code {code} (log: {self.launched.log_path(url)})"
+        return ""
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Gather the policy's full weights on every rank; rank 0 pushes them to every server (call on every rank)."""
+        from stare_lightning.rollout.server.transfer import new_transfer_directory, write_chunks
+
+        start = time.perf_counter()
+        self.pushes += 1
+        version = f"push-{self.pushes}"
+        with torch.no_grad():
+            weights = iter_full_weights(model)
+            if distributed.rank() == 0:
+                if self._transfer_dir is None:
+                    self._transfer_dir = new_transfer_directory()
+                    self._each(lambda c: c.init_transfer({"directory": str(self._transfer_dir)}))
+                self._each(ServerClient.begin_push)
+                for chunk in write_chunks(weights, self._transfer_dir, chunk_bytes=self.chunk_bytes):
+                    self._each(lambda c, chunk=chunk: c.send_chunk(chunk))
+                self._each(lambda c: c.end_push(version))
+                for leftover in self._transfer_dir.iterdir():
+                    leftover.unlink()
+            else:
+                for _ in weights:  # the gathers are collectives: every rank runs them, in the same order
+                    pass
+        if distributed.is_distributed():  # no rank samples before rank 0's push is done
+            distributed.all_reduce(torch.zeros(1))
+        self.version = version
+        self.last_sync_seconds = time.perf_counter() - start
+
+    def _each(self, call) -> None:
+        """``call(client)`` on every server at once; the first failure, naming its server, stops the run."""
+        futures = [(client, self._pool.submit(call, client)) for client in self.clients]
+        for client, future in futures:
+            try:
+                future.result()
+            except RolloutServerError as error:
+                raise RolloutServerError(f"{error}{self._exit_note(client.url)}") from None
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def sleep(self) -> None:  # the servers' memory is their own
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._transfer_dir is not None:
+            shutil.rmtree(self._transfer_dir, ignore_errors=True)
+            self._transfer_dir = None
+        if self.launched is not None:
+            self.launched.stop()
+            self.launched = None

@@ -1,0 +1,82 @@
+"""``rollout=server``'s settings: what each refuses where it would do nothing, and a server that does not answer
+stopping the run before its first step with one line naming it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from stare_lightning.rollout.config import RolloutConfig, ServerConfig
+from stare_lightning.rollout.server.client import RolloutServerError
+from stare_lightning.rollout.server.connect import connect_servers
+
+
+def _closed_port() -> int:
+    """A port nothing listens on (bound, read, released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_server_group_composes(tmp_path):
+    from stare_lightning.cli import compose, prepare_config
+
+    run = prepare_config(compose(["rollout=server", f"output_dir={tmp_path}"]))[1]
+    assert run.rollout.backend == "server" and run.rollout.server.launch and run.rollout.server.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "server, backend, message",
+    [
+        (dict(launch=False), "server", "rollout.server.launch=false needs rollout.server.urls"),
+        (dict(launch=False, urls=["http://a:1"], count=2), "server", "rollout.server.count does nothing with"),
+        (dict(launch=False, urls=["http://a:1"], cpus=["0"]), "server", "rollout.server.cpus does nothing with"),
+        (dict(urls=["http://a:1"]), "server", "rollout.server.urls does nothing with rollout.server.launch=true"),
+        (dict(count=2, cpus=["0"]), "server", "rollout.server.cpus has 1 entries for rollout.server.count=2"),
+        (dict(launch=False, urls=["a:1"]), "server", "must be a base URL"),
+        (dict(token_env="not a name"), "server", "rollout.server.token_env"),
+        (dict(count=2), "vllm", "rollout.server settings do nothing with rollout.backend=vllm"),
+    ],
+)
+def test_settings_that_would_do_nothing_are_refused(server, backend, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("[", r"\[")):
+        RolloutConfig(backend=backend, server=ServerConfig(**server))
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(engine_kwargs={"max_num_seqs": 4}), "rollout.engine_kwargs"),
+        (dict(enable_sleep_mode=True), "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing"),
+        (dict(tensor_parallel_size=2), "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing"),
+    ],
+)
+def test_in_process_engine_settings_are_refused_with_servers(settings, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutConfig(backend="server", **settings)
+
+
+def test_a_server_that_does_not_answer_is_named_before_anything_runs(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(RolloutServerError, match=f"rollout server {url} does not answer its health check"):
+        connect_servers(ServerConfig(launch=False, urls=[url]), "unused", dtype="float32", seed=0, log_dir=tmp_path)
+    assert isinstance(RolloutServerError("x"), OSError)  # reported as one line, like any unreachable resource
+
+
+@pytest.mark.slow
+def test_the_cli_stops_before_the_first_step_naming_the_server(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
+    command = [
+        sys.executable, "-m", "stare_lightning", "fit", "rollout=server", "rollout.server.launch=false",
+        f"rollout.server.urls=[{url}]", f"output_dir={tmp_path / 'run'}", "trainer.max_steps=2",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"rollout server {url} does not answer its health check" in errors[0], errors
+    assert not list((tmp_path / "run").rglob("*.ckpt"))  # no step ran
