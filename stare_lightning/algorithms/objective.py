@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from stare_lightning.algorithms.config import AlgorithmConfig, EntropyControlConfig, KLConfig, PolicyLossConfig
+from stare_lightning.algorithms.config import AlgorithmConfig
+from stare_lightning.algorithms.config_groups import EntropyControlConfig, KLConfig, PolicyLossConfig
 from stare_lightning.algorithms.entropy_control import ENTROPY_CONTROLS
 from stare_lightning.algorithms.policy_losses import POLICY_LOSSES, ClipRange
 from stare_lightning.algorithms.surrogates import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from stare_lightning.algorithms.config import MismatchConfig
+from stare_lightning.algorithms.config_groups import MismatchConfig
 from stare_lightning.algorithms.rollout_correction import mismatch_is_weights
 
 __all__ = ["micro_batch_token_weights"]

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from stare_lightning import distributed
 from stare_lightning.algorithms import compute_advantages, overlong_penalty, zero_variance_groups
-from stare_lightning.algorithms.config import AdvantageConfig, CollectionConfig
+from stare_lightning.algorithms.config_groups import AdvantageConfig, CollectionConfig
 from stare_lightning.rewards.pool import ScoreResult, VerifierPool
 from stare_lightning.rollout.base import EpisodeStats, RolloutEngine, Rollouts, SamplingParams, prompt_seeds
 from stare_lightning.step.batch import RolloutBatch, build_rollout_batch

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stare_lightning.algorithms import AlgorithmConfig
-from stare_lightning.algorithms.config import AdvantageConfig, CollectionConfig, MismatchConfig
+from stare_lightning.algorithms.config_groups import AdvantageConfig, CollectionConfig, MismatchConfig
 from stare_lightning.algorithms.objective import LossSpec
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.config import ForwardConfig
