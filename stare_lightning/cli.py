@@ -34,6 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "stare_lightning.train:export",
         "write a Hugging Face directory from a checkpoint: ckpt_path=... export_dir=...",
     ),
+    "serve": (
+        "stare_lightning.rollout.server.serve:serve",
+        "start rollout servers for runs elsewhere (rollout=server rollout.server.host=... port=...); Ctrl-C stops",
+    ),
     "prepare": (
         "stare_lightning.data.recipes:main",
         "turn a public data set release into prompt records: NAME --src PATH --out PATH (--list, --help)",

@@ -80,3 +80,15 @@ def test_the_cli_stops_before_the_first_step_naming_the_server(tmp_path):
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"rollout server {url} does not answer its health check" in errors[0], errors
     assert not list((tmp_path / "run").rglob("*.ckpt"))  # no step ran
+
+
+def test_serve_refuses_a_network_address_without_a_credential(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "STARE_LIGHTNING_SERVER_TOKEN"}
+    env["STARE_LIGHTNING_CACHE"] = str(tmp_path / "cache")
+    command = [
+        sys.executable, "-m", "stare_lightning", "serve", "rollout=server", "rollout.server.host=0.0.0.0",
+        f"output_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "rollout.server.host=0.0.0.0 listens on a network: set STARE_LIGHTNING_SERVER_TOKEN" in done.stderr

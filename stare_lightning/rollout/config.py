@@ -73,6 +73,9 @@ class ServerConfig:
     """Seconds one request may take (a generation, a weight chunk) before the run stops naming the server."""
     chunk_mb: int = 64
     """Size of one packed chunk of a weight push."""
+    transfer_dir: str | None = None
+    """Where a push's chunk files go, a directory the servers read too: null is /dev/shm (servers on the trainer's
+    host); for servers on other nodes, a directory on a file system every node mounts."""
 
     def check(self, backend: str) -> None:
         p = "rollout.server."

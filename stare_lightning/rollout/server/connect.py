@@ -12,7 +12,7 @@ from stare_lightning.rollout.config import ServerConfig
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.engine import ServerRolloutEngine
 
-__all__ = ["connect_servers"]
+__all__ = ["connect_servers", "launch_servers"]
 
 
 def connect_servers(
@@ -23,7 +23,7 @@ def connect_servers(
         token = token or secrets.token_urlsafe(32)
         if distributed.rank() == 0:
             try:
-                launched = _launch(server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token)
+                launched = launch_servers(server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token)
                 urls = list(launched.urls)
             except Exception as error:  # every rank must hear of it, or the others wait at the gather below
                 problem = str(error)
@@ -39,10 +39,13 @@ def connect_servers(
             f"rollout server {', '.join(silent)} does not answer its health check (GET /health): start it, or correct "
             "rollout.server.urls (docs/guides/servers.md)"
         )
-    return ServerRolloutEngine(clients, chunk_bytes=server.chunk_mb << 20, launched=launched)
+    return ServerRolloutEngine(
+        clients, chunk_bytes=server.chunk_mb << 20, launched=launched, transfer_dir=server.transfer_dir
+    )
 
 
-def _launch(server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, token: str):
+def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, token: str):
+    """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy."""
     from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
 
     ports = [server.port + i for i in range(server.count)] if server.port else free_ports(server.count, server.host)

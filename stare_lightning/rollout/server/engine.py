@@ -8,8 +8,8 @@ vLLM's weight-transfer protocol (``client.ServerClient.push``) under a new versi
 collective. Every response says which version produced it, and one from any other version than the last pushed
 stops the run: no sample comes from weights the trainer no longer has, or from a half-finished push.
 
-The chunks travel as files in a directory the trainer and the servers both see (``/dev/shm`` on one host); vLLM's
-NCCL engine is the GPU path across nodes (docs/guides/servers.md).
+The chunks travel as files in a directory the trainer and the servers both see: ``/dev/shm`` on one host, a shared
+file system across nodes (``rollout.server.transfer_dir``).
 """
 
 from __future__ import annotations
@@ -51,10 +51,13 @@ class ServerRolloutEngine:
     # The servers keep their own copy of the weights: sync_weights must follow every optimizer step.
     holds_weight_copy = True
 
-    def __init__(self, clients: Sequence[ServerClient], *, chunk_bytes: int, launched=None) -> None:
+    def __init__(
+        self, clients: Sequence[ServerClient], *, chunk_bytes: int, launched=None, transfer_dir: str | None = None
+    ) -> None:
         if not clients:
             raise ValueError("ServerRolloutEngine needs at least one server")
         self.clients, self.chunk_bytes, self.launched = list(clients), chunk_bytes, launched
+        self.transfer_under = transfer_dir
         self.version: str | None = None  # the weights every server holds (None: the checkpoint it started from)
         self.pushes = 0
         self.last_sync_seconds = 0.0
@@ -138,7 +141,7 @@ class ServerRolloutEngine:
             weights = iter_full_weights(model)
             if distributed.rank() == 0:
                 if self._transfer_dir is None:
-                    self._transfer_dir = new_transfer_directory()
+                    self._transfer_dir = new_transfer_directory(self.transfer_under)
                     self._each(lambda c: c.init_transfer({"directory": str(self._transfer_dir)}))
                 self._each(ServerClient.begin_push)
                 for chunk in write_chunks(weights, self._transfer_dir, chunk_bytes=self.chunk_bytes):

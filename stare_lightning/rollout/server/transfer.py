@@ -66,12 +66,13 @@ class ChunkSpec:
         return sum(self.sizes)
 
 
-def new_transfer_directory() -> Path:
-    """A fresh directory only this user may enter (mode 0700), on /dev/shm when it is there and writable (the
-    chunks then never reach a disk), else in tempfile's directory. The caller removes it."""
+def new_transfer_directory(under: str | Path | None = None) -> Path:
+    """A fresh directory only this user may enter (mode 0700): inside ``under`` when given (a directory the servers
+    see too, e.g. on a shared file system), else on /dev/shm when it is there and writable (the chunks then never
+    reach a disk), else in tempfile's directory. The caller removes it."""
     shm = "/dev/shm"
     base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-    return Path(tempfile.mkdtemp(prefix="stare-lightning-weights-", dir=base))
+    return Path(tempfile.mkdtemp(prefix="stare-lightning-weights-", dir=str(under) if under is not None else base))
 
 
 def write_chunks(
@@ -105,7 +106,9 @@ def _wire_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     dtype_name = str(tensor.dtype).removeprefix("torch.")
     if dtype_name not in DTYPES:
         raise ValueError(f"weight {name!r} has dtype {dtype_name}; a weight push carries only {sorted(DTYPES)}")
-    return tensor.detach().to("cpu").contiguous()
+    # A copy: the file is written through a numpy view, which marks the storage it views non-resizable, and an
+    # FSDP2 parameter held unsharded (the root's, after its forward) must stay resizable for FSDP to free it.
+    return tensor.detach().to("cpu", copy=True).contiguous()
 
 
 def _write_chunk(directory: Path, index: int, tensors: list[tuple[str, torch.Tensor]]) -> dict:

@@ -1,0 +1,118 @@
+"""``rollout=server`` end to end, with real vLLM server processes: the same steps as the colocated engine (one rank,
+and two ranks with two servers), and a server that dies mid-run ending the run with one line, its checkpoint intact
+and resumable (the resumed run pushes its weights to a fresh server before sampling)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_fit import read_metrics, run_cli, train_rows, wait_for_checkpoint
+from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit
+
+# One xdist worker runs this module: its tests share the colocated reference fit.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("server")]
+# Every step's samples in rollouts.jsonl, to compare them between engines.
+DUMP = ["+callbacks.sample_dump={_target_:stare_lightning.callbacks.RolloutSampleDump,every_n_steps:1,max_groups:8}"]
+
+
+def _samples(run: Path) -> list[list[str]]:
+    return [record["responses"] for record in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory, model_cache):
+    run = tmp_path_factory.mktemp("server") / "colocated"
+    _fit([f"output_dir={run}", *ONE_PROCESS, *DUMP, "rollout=vllm"], model_cache, run.parent)
+    return run
+
+
+def test_a_server_fit_takes_the_colocated_fits_steps(colocated, tmp_path, model_cache):
+    run = tmp_path / "server"
+    _fit([f"output_dir={run}", *ONE_PROCESS, *DUMP, "rollout=server"], model_cache, tmp_path)
+    _assert_same_steps(colocated, run)
+    assert _samples(run) == _samples(colocated) and _samples(run)  # the same samples, drawn by another process
+    assert list((run / "servers").glob("server-*.log"))  # the launched server's log is in the run directory
+
+
+def test_two_ranks_and_two_servers_take_the_one_rank_steps(colocated, tmp_path, model_cache):
+    run = tmp_path / "two_ranks"
+    two = ["trainer=fsdp", "trainer.devices=2", "rollout=server", "rollout.server.count=2"]
+    _fit([f"output_dir={run}", *SHARDED, *two], model_cache, tmp_path)
+    _assert_same_steps(colocated, run)
+    assert len(list((run / "servers").glob("server-*.log"))) == 2
+
+
+def _server_pids(log_dir: Path) -> list[int]:
+    """The launched servers' process ids, found by the port each one's log is named after."""
+    ports = {log.stem.removeprefix("server-") for log in log_dir.glob("server-*.log")}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
+            if argv[argv.index(b"--port") + 1].decode() in ports:
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_path, model_cache):
+    run = tmp_path / "dies"
+    args = [
+        f"output_dir={run}", *ONE_PROCESS, "rollout=server", "rollout.server.request_timeout=60",
+        "callbacks.model_checkpoint.every_n_train_steps=1", "trainer.max_steps=50",
+    ]  # fmt: skip
+    proc = run_cli(["fit", *args], model_cache, cwd=tmp_path)
+    wait_for_checkpoint(proc, run / "checkpoints" / "last.ckpt")
+    pids = _server_pids(run / "servers")
+    assert len(pids) == 1
+    os.killpg(os.getpgid(pids[0]), signal.SIGKILL)
+    killed = time.monotonic()
+    out, _ = proc.communicate(timeout=300)  # the request timeout (60 s) plus the run's teardown, never a hang
+    assert proc.returncode != 0
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rollout server http://127.0.0.1:" in errors[0], out[-3000:]
+    assert time.monotonic() - killed < 240
+    steps_done = max(train_rows(read_metrics(run)))
+    assert steps_done < 49
+    resumed = [*args[:-1], f"trainer.max_steps={steps_done + 2}", "ckpt_path=last"]
+    _fit(resumed, model_cache, tmp_path)
+    assert max(train_rows(read_metrics(run))) > steps_done  # it trained on from the checkpoint
+
+
+def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache):
+    """``serve`` on a "rollout node", a fit reaching it by URL with the shared credential, then Ctrl-C's signal."""
+    token = "a-credential-both-sides-have"
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache, "STARE_LIGHTNING_SERVER_TOKEN": token}
+    command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={tmp_path / 'node'}"]
+    server = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        url = None
+        for line in server.stdout:  # bounded by the launcher's own startup timeout
+            if line.startswith("rollout servers: "):
+                url = line.split()[2]
+                break
+        assert url and url.startswith("http://127.0.0.1:"), "serve did not report its server"
+        run = tmp_path / "trainer"
+        urls = ["rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{url}]"]
+        proc = run_cli(
+            ["fit", f"output_dir={run}", *ONE_PROCESS, *urls, "trainer.max_steps=2"], model_cache, cwd=tmp_path
+        )
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-3000:]
+        assert not (run / "servers").exists()  # nothing launched by the trainer
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=120)
+    assert not _server_pids(tmp_path / "node" / "servers")
