@@ -39,6 +39,12 @@ def test_the_server_group_composes(tmp_path):
         (dict(count=2, cpus=["0"]), "server", "rollout.server.cpus has 1 entries for rollout.server.count=2"),
         (dict(launch=False, urls=["a:1"]), "server", "must be a base URL"),
         (dict(token_env="not a name"), "server", "rollout.server.token_env"),
+        (dict(gpu_memory_utilization=1.5), "server", "rollout.server.gpu_memory_utilization"),
+        (
+            dict(launch=False, urls=["http://a:1"], gpu_memory_utilization=0.5),
+            "server",
+            "rollout.server.gpu_memory_utilization does nothing with",
+        ),
         (dict(count=2), "vllm", "rollout.server settings do nothing with rollout.backend=vllm"),
     ],
 )
@@ -53,11 +59,32 @@ def test_settings_that_would_do_nothing_are_refused(server, backend, message):
         (dict(engine_kwargs={"max_num_seqs": 4}), "rollout.engine_kwargs"),
         (dict(enable_sleep_mode=True), "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing"),
         (dict(tensor_parallel_size=2), "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing"),
+        (dict(gpu_memory_utilization=0.5), "rollout.server.gpu_memory_utilization"),
     ],
 )
 def test_in_process_engine_settings_are_refused_with_servers(settings, message):
     with pytest.raises(ValueError, match=message):
         RolloutConfig(backend="server", **settings)
+
+
+def test_a_servers_gpu_share_reaches_its_command_line(tmp_path, monkeypatch):
+    """``rollout.server.gpu_memory_utilization`` becomes the launched server's ``--gpu-memory-utilization``."""
+    from stare_lightning.rollout.server import connect
+    from stare_lightning.rollout.server.launch import LaunchedServers
+
+    commands = []
+    monkeypatch.setattr(LaunchedServers, "start", lambda self: commands.extend(map(self.command, self.specs)))
+    for share, expected in ((0.45, ["--gpu-memory-utilization", "0.45"]), (None, [])):
+        commands.clear()
+        server = ServerConfig(gpus=["0"], gpu_memory_utilization=share)
+        connect.launch_servers(server, str(tmp_path), dtype="bfloat16", seed=0, log_dir=tmp_path, token="t")
+        (command,) = commands
+        flag = [
+            arg
+            for i, arg in enumerate(command)
+            if arg == "--gpu-memory-utilization" or (i and command[i - 1] == "--gpu-memory-utilization")
+        ]
+        assert flag == expected
 
 
 def test_a_server_that_does_not_answer_is_named_before_anything_runs(tmp_path):

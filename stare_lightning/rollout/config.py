@@ -65,6 +65,9 @@ class ServerConfig:
     """With launch=true: the CPUs each server is pinned to, one entry per server (e.g. ["1"]); empty: no pinning."""
     gpus: list[str] = field(default_factory=list)
     """With launch=true: each server's CUDA_VISIBLE_DEVICES, one entry per server; empty: inherited."""
+    gpu_memory_utilization: float | None = None
+    """With launch=true on GPUs: the share of its GPU's memory each server takes; null: vLLM's default (0.9), for a
+    server with a GPU of its own. Set it when a server shares its GPU with the trainer."""
     token_env: str = "STARE_LIGHTNING_SERVER_TOKEN"
     """The environment variable holding the servers' credential (launched servers get a fresh one when it is unset)."""
     startup_timeout: float = 600.0
@@ -85,6 +88,8 @@ class ServerConfig:
         number(f"{p}startup_timeout", self.startup_timeout, low=0.0, low_open=True)
         number(f"{p}request_timeout", self.request_timeout, low=0.0, low_open=True)
         number(f"{p}chunk_mb", self.chunk_mb, low=1, integer=True)
+        if self.gpu_memory_utilization is not None:
+            number(f"{p}gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
         if not isinstance(self.token_env, str) or not self.token_env.isidentifier():
             raise ValueError(f"{p}token_env={self.token_env!r} is not allowed: must be an environment variable name")
         for url in self.urls:
@@ -100,7 +105,14 @@ class ServerConfig:
         if not self.launch:
             if not self.urls:
                 raise ValueError(f"{p}launch=false needs {p}urls: the base URLs of the running servers")
-            launched_only = {"count": 1, "host": "127.0.0.1", "port": 0, "cpus": [], "gpus": []}
+            launched_only = {
+                "count": 1,
+                "host": "127.0.0.1",
+                "port": 0,
+                "cpus": [],
+                "gpus": [],
+                "gpu_memory_utilization": None,
+            }
             for key, default in launched_only.items():
                 if getattr(self, key) != default:
                     raise ValueError(
@@ -176,6 +188,11 @@ class RolloutConfig:
         if isinstance(self.server, Mapping):
             self.server = ServerConfig(**_plain(self.server))
         self.server.check(self.backend)
+        if self.backend == "server" and self.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
+            raise ValueError(
+                "rollout.gpu_memory_utilization does nothing with rollout.backend=server: it sizes an engine inside "
+                "the trainer; a launched server's share is rollout.server.gpu_memory_utilization"
+            )
         if self.backend == "server" and (self.enable_sleep_mode or self.tensor_parallel_size != 1):
             raise ValueError(
                 "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing with rollout.backend=server: "

@@ -51,7 +51,10 @@ def build_engine(
     installed vLLM before the engine is built, then passed to ``vllm.LLM``. ``log_dir``: where servers the run
     starts (``rollout.backend=server``) write their logs."""
     backend = resolve_backend(cfg.backend)
-    dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
+    if backend == "vllm":  # a misspelt engine argument is named before anything is loaded or started
+        check_engine_kwargs(cfg.engine_kwargs)
+    if backend != "hf":
+        dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
     if backend == "server":
         from stare_lightning.rollout.server.connect import connect_servers
 
@@ -69,7 +72,6 @@ def build_engine(
         return HFRolloutEngine(policy, tokenizer)
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    check_engine_kwargs(cfg.engine_kwargs)
     return VLLMRolloutEngine(
         model_dir,
         dtype=dtype,

@@ -58,8 +58,16 @@ def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: in
         )
         for i, port in enumerate(ports)
     ]
+    share = server.gpu_memory_utilization
     launched = LaunchedServers(
-        model_dir, specs, log_dir=log_dir, token=token, dtype=dtype, seed=seed, startup_timeout=server.startup_timeout
+        model_dir,
+        specs,
+        log_dir=log_dir,
+        token=token,
+        dtype=dtype,
+        seed=seed,
+        startup_timeout=server.startup_timeout,
+        extra_args=["--gpu-memory-utilization", str(share)] if share is not None else [],
     )
     launched.start()
     return launched
