@@ -359,7 +359,8 @@ def time_fit_steps(url: str, token: str, cpu: int, steps: int, out_dir: Path, ex
         "timed_steps": len(timed),
         "wall_s": wall,
         "step_s": median("time/step_s"),
-        "rollout_s": median("time/rollout"),
+        # Under rollout=server the batch is generated beside the step (step/producer.py): its own seconds.
+        "rollout_s": median("async/rollout_s"),
         "update_s": median("time/update"),
         "sync_s": median("time/sync"),
         "step_s_all": [r["train/time/step_s"] for r in rows],

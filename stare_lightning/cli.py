@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "write a Hugging Face directory from a checkpoint: ckpt_path=... export_dir=...",
     ),
     "serve": (
-        "stare_lightning.rollout.server.serve:serve",
+        "stare_lightning.serve:serve",
         "start rollout servers for runs elsewhere (rollout=server rollout.server.host=... port=...); Ctrl-C stops",
     ),
     "prepare": (

@@ -2,9 +2,9 @@
 
 The LightningModule only wires parts together and keeps the state a checkpoint holds; the step itself (collect,
 score, gate, select, update) is ``stare_lightning.step.runner.StepRunner``, driven by a ``StepPlan`` resolved once
-from the config. Rollouts happen inside ``training_step`` (a dataloader would prefetch and make them one update
-stale); the optimisation is manual because one rollout batch feeds ``ppo_epochs x mini_batches`` optimizer
-steps, each accumulated over token-budget micro-batches.
+from the config. Rollouts happen inside ``training_step`` (a dataloader would prefetch them a step stale) or, with
+``rollout=server``, in a producer thread at most ``rollout.max_staleness`` versions behind (step/rollout_sources.py);
+the optimisation is manual: one rollout batch feeds ``ppo_epochs x mini_batches`` optimizer steps.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from stare_lightning.rollout.factory import SyncedEngine
 from stare_lightning.step.collect import verify
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.step.plan import StepPlan
+from stare_lightning.step.rollout_sources import AsyncRollouts, InStepRollouts, rollout_source
 from stare_lightning.step.runner import StepRunner
 from stare_lightning.tools import Tool, ToolsConfig, build_format
 from stare_lightning.trainer.config import OptimConfig
@@ -76,6 +77,7 @@ class STAREModule(LightningModule):
         self.policy: torch.nn.Module | None = None  # built in ``configure_model``
         self.reference: torch.nn.Module | None = None  # there too, when the loss has a KL penalty
         self.runner: StepRunner | None = None  # once the policy is built and placed (``on_fit_start``)
+        self.rollouts: InStepRollouts | AsyncRollouts | None = None  # where the steps' rollouts come from
         self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
         # With a tool every rollout is an episode (rollout/episodes.py); the module owns the tool and closes it.
         self.tools, self.tool = tools or ToolsConfig(), tool
@@ -103,9 +105,8 @@ class STAREModule(LightningModule):
     ) -> STAREModule:
         """The module of a validated ``RunConfig``; ``val_benchmarks``: the validation data's benchmarks;
         ``tool``: the tool ``cfg.tools`` names, already built (its sandbox checked before the model loads)."""
-        groups = ("model", "algorithm", "rollout", "optim", "forward", "validation", "telemetry", "tools")
-        names = (*groups, "allowed_targets", "seed")
-        settings = {name: getattr(cfg, name) for name in names}
+        names = ("model", "algorithm", "rollout", "optim", "forward", "validation", "telemetry", "tools", "seed")
+        settings = {name: getattr(cfg, name) for name in (*names, "allowed_targets")}
         sampling = benchmark_sampling(cfg.rollout, cfg.data.val_sets, val_benchmarks)
         return cls(model_dir=model_dir, val_sampling=sampling, tool=tool, **settings)
 
@@ -137,9 +138,9 @@ class STAREModule(LightningModule):
         dtype = compute_dtype(self.trainer.strategy, self.trainer.precision, self.policy)
         return self.engine.get(self.policy, dtype, log_dir=Path(self.trainer.default_root_dir) / "servers")
 
-    def _sampler(self):
-        """What rollouts come from: the engine, or tool-using episodes on top of it."""
-        engine = self._rollout_engine()
+    def _sampler(self, engine=None):
+        """What rollouts come from: the engine (by default the synced one), or tool-using episodes on top of it."""
+        engine = engine if engine is not None else self._rollout_engine()
         if self.tool is None:
             return engine
         turns, workers = self.rollout.episode_turns(), self.tools.max_workers
@@ -161,6 +162,9 @@ class STAREModule(LightningModule):
             world_size=self.trainer.world_size,
             same_batch_entropy=self.same_batch_entropy,
         )
+        parts = (self.rollout, self.plan, self.runner, self.engine, self.trainer.datamodule)
+        engines = {"engine": self._rollout_engine, "sampler": self._sampler, "seed_of": self._step_seed}
+        self.rollouts = rollout_source(*parts, **engines, max_steps=self.trainer.max_steps)
         if self.rollout.backend == "server":  # a server that does not answer stops the run before the first step
             self._rollout_engine()
 
@@ -182,33 +186,29 @@ class STAREModule(LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
-        timer, seed = StepTimer(self.device), self._step_seed()
-        collection = self.runner.collect(batch, self._sampler(), seed=seed, more_prompts=self._more_prompts)
-        self.engine.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
-        lr = self.lr_schedulers().get_last_lr()[0]
-        timer.lap("collect")
+        timer, seed = StepTimer(self.device), self._step_seed(self.global_step)
+        source = self.rollouts.take(batch, seed=seed, step=self.global_step, policy=self.policy)
+        timer.lap(source.phase)
+        collection, lr = source.collection, self.lr_schedulers().get_last_lr()[0]
         result = self.runner.learn(collection, seed=seed, lap=timer.lap)
-        rollouts = result.batch
-        canary = self.canary.update(rollouts.rollout_logprobs, result.scores.logprobs, rollouts.response_mask)
+        # A stale batch differs from the trainer by design, not by fault: the canary reads fresh ones only.
+        logprobs = (result.batch.rollout_logprobs, result.scores.logprobs, result.batch.response_mask)
+        canary = self.canary.update(*logprobs) if source.staleness == 0 else {}
         timer.lap("telemetry")
-        self.engine.mark_stale()
-        self._rollout_engine()  # weight sync right after the optimizer steps, on every rank
+        self.rollouts.publish(source, self.policy)
         timer.lap("sync")
         metrics = self.train_telemetry.compute(result, collection, lr=lr)
         metrics.update({f"train/{key}": value for key, value in canary.items()})
         metrics.update(self.optimizer_steps.metrics())
+        metrics.update(source.metrics())
         timer.lap("telemetry")
-        metrics.update(step_costs(timer, collection.stats, tokens=int(rollouts.attention_mask.sum())))
+        metrics.update(step_costs(timer, source.step_stats(), tokens=int(result.batch.attention_mask.sum())))
         self.last_rollout_samples = collection.samples()
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
 
-    def _more_prompts(self, count: int, attempt: int) -> list[dict]:
-        return self.trainer.datamodule.more_prompts(count, step=self.global_step, attempt=attempt)
-
-    def _step_seed(self) -> int:
-        # The same on every rank: rollouts tell prompts apart by record id and mini-batches are split
-        # over the global batch, so the seed must not depend on the rank.
-        return self.seed * 1_000_003 + self.global_step
+    def _step_seed(self, step: int) -> int:
+        # The same on every rank (prompts are told apart by record id, mini-batches split over the global batch).
+        return self.seed * 1_000_003 + step
 
     def _optimizer_step(self, finite: bool) -> float | None:
         """One optimizer step, skipped (with a warning) when any rank saw a non-finite loss or gradient."""
@@ -218,6 +218,10 @@ class STAREModule(LightningModule):
         )
 
     # ------------------------------------------------------------------------------------ validation
+    def on_validation_epoch_start(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.drain()
+
     def validation_step(self, batch: list[dict], batch_idx: int) -> dict:
         """Sample, verify and vote; returns every sample's record (what ``evaluate`` writes to samples.jsonl)."""
         # A batch never mixes benchmarks; it may be empty (a rank one record short), and still takes part.
@@ -238,6 +242,8 @@ class STAREModule(LightningModule):
     def teardown(self, stage: str) -> None:
         if stage != "fit":  # `fit` validates first and keeps its engine and verifier workers for training
             return
+        if self.rollouts is not None:
+            self.rollouts.close()
         self.verifiers.close()
         self.engine.close()
         if self.tool is not None:

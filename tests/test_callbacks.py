@@ -3,6 +3,7 @@ module that logs scripted values (no STARE fit, no model download). Expected val
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 
@@ -302,6 +303,50 @@ def test_run_summary_state_round_trip(tmp_path):
     empty = RunSummary()
     empty.load_state_dict({})
     assert empty.rows() == []
+
+
+def test_run_summary_shows_the_asynchronous_rows_only_when_samples_were_stale():
+    step = {
+        "train/time/step_s": 2.0,
+        "train/time/update": 1.5,
+        "train/time/trainer_idle": 0.5,
+        "train/async/staleness/mean": 0.0,
+        "train/async/staleness/max": 0.0,
+        "train/async/queue_depth": 1.0,
+        "train/time/engine_idle": 0.25,
+        "train/time/weight_push": 0.125,
+    }
+    summary = RunSummary()
+    summary.train_history = [dict(step) for _ in range(3)]
+    rows = {metric: (start, end) for metric, start, end in summary.rows()}
+    assert rows["train/time/trainer_idle"] == ("0.50", "0.50")  # a phase of the step: it adds up to step_s
+    assert "train/async/staleness/mean" not in rows and "train/time/engine_idle" not in rows
+    summary.train_history = [{**step, "train/async/staleness/mean": s, "train/async/staleness/max": s} for s in (0, 1)]
+    rows = {metric: (start, end) for metric, start, end in summary.rows()}
+    assert rows["train/async/staleness/mean"] == ("0.50", "0.50")
+    assert rows["train/time/engine_idle"] == ("0.25", "0.25") and rows["train/time/weight_push"] == ("0.12", "0.12")
+    from rich.console import Console
+
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(summary.table(2))
+    text = console.export_text()
+    assert "│   train/time/trainer_idle " in text  # indented under step_s, as a phase
+    assert "│ train/time/engine_idle " in text  # the producer's time: not a phase of the step
+
+
+def test_the_curves_get_a_row_for_asynchronous_rollouts(tmp_path):
+    import pandas as pd
+
+    from stare_lightning.analysis.plots import plot_runs
+
+    def height(png):  # the PNG header's IHDR: width, then height, big-endian
+        return int.from_bytes(png.read_bytes()[20:24], "big")
+
+    base = {"step": [0, 1, 2], "train/entropy": [0.5, 0.4, 0.45], "train/time/trainer_idle": [0.1, 0.2, 0.1]}
+    fresh = pd.DataFrame({**base, "train/async/staleness/mean": [0.0] * 3})
+    synchronous = plot_runs({"run": fresh}, tmp_path / "s.png")
+    stale = plot_runs({"run": pd.DataFrame({**base, "train/async/staleness/mean": [0, 1, 1]})}, tmp_path / "a.png")
+    assert height(synchronous) == 12 * 110 and height(stale) == 16 * 110
 
 
 def test_run_summary_prints_table_and_writes_png(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``rollout=server`` end to end, with real vLLM server processes: the same steps as the colocated engine (one rank,
-and two ranks with two servers), and a server that dies mid-run ending the run with one line, its checkpoint intact
+and two ranks with two servers), asynchronous steps (``rollout.max_staleness=2``) lagging by exactly their bound and
+equal over one rank and two, and a server that dies mid-run ending the run with one line, its checkpoint intact
 and resumable (the resumed run pushes its weights to a fresh server before sampling)."""
 
 from __future__ import annotations
@@ -50,6 +51,29 @@ def test_two_ranks_and_two_servers_take_the_one_rank_steps(colocated, tmp_path, 
     assert len(list((run / "servers").glob("server-*.log"))) == 2
 
 
+# Samples up to two versions old, and a validation after step 2 (the producer drains, the servers get the current
+# weights, then the producer goes on).
+ASYNC = ["rollout=server", "rollout.max_staleness=2", "trainer.val_check_interval=2"]
+
+
+def test_async_steps_lag_by_at_most_k_and_two_ranks_take_the_same_steps(colocated, tmp_path, model_cache):
+    one = tmp_path / "async_one_rank"
+    _fit([f"output_dir={one}", *ONE_PROCESS, *ASYNC], model_cache, tmp_path)
+    rows = train_rows(read_metrics(one))
+    assert [rows[step]["train/async/staleness/max"] for step in sorted(rows)] == [0.0, 1.0, 2.0]
+    assert any(key.startswith("val/") for row in read_metrics(one) for key in row)  # the validation ran
+    # The first batch comes from the starting weights, as in the synchronous fit.
+    first = min(rows)
+    assert rows[first]["train/loss"] == pytest.approx(train_rows(read_metrics(colocated))[first]["train/loss"])
+    # Another layout, other timings: the same versions generate the same samples, so the same steps follow.
+    two = tmp_path / "async_two_ranks"
+    ranks = ["trainer=fsdp", "trainer.devices=2", "rollout.server.count=2"]
+    _fit([f"output_dir={two}", *SHARDED, *ranks, *ASYNC], model_cache, tmp_path)
+    _assert_same_steps(one, two)
+    rows = train_rows(read_metrics(two))
+    assert [rows[step]["train/async/staleness/max"] for step in sorted(rows)] == [0.0, 1.0, 2.0]
+
+
 def _server_pids(log_dir: Path) -> list[int]:
     """The launched servers' process ids, found by the port each one's log is named after."""
     ports = {log.stem.removeprefix("server-") for log in log_dir.glob("server-*.log")}
@@ -89,8 +113,9 @@ def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_pat
     assert max(train_rows(read_metrics(run))) > steps_done  # it trained on from the checkpoint
 
 
-def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache):
-    """``serve`` on a "rollout node", a fit reaching it by URL with the shared credential, then Ctrl-C's signal."""
+def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, monkeypatch):
+    """``serve`` on a "rollout node"; a fit without the credential stopped before its first step naming the variable;
+    one reaching it by URL with the shared credential; then Ctrl-C's signal."""
     token = "a-credential-both-sides-have"
     env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache, "STARE_LIGHTNING_SERVER_TOKEN": token}
     command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={tmp_path / 'node'}"]
@@ -106,6 +131,13 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache):
         assert url and url.startswith("http://127.0.0.1:"), "serve did not report its server"
         run = tmp_path / "trainer"
         urls = ["rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{url}]"]
+        monkeypatch.delenv("STARE_LIGHTNING_SERVER_TOKEN", raising=False)
+        proc = run_cli(["fit", f"output_dir={tmp_path / 'no_token'}", *ONE_PROCESS, *urls], model_cache, cwd=tmp_path)
+        out, _ = proc.communicate(timeout=300)
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert proc.returncode != 0 and len(errors) == 1, out[-3000:]
+        assert f"rollout server {url} refused the run's credential: $STARE_LIGHTNING_SERVER_TOKEN is unset" in errors[0]
+        monkeypatch.setenv("STARE_LIGHTNING_SERVER_TOKEN", token)
         proc = run_cli(
             ["fit", f"output_dir={run}", *ONE_PROCESS, *urls, "trainer.max_steps=2"], model_cache, cwd=tmp_path
         )

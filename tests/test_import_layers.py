@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("callbacks", ("callbacks",)),
     ("train", ("train",)),
     # Commands: what a user runs. config_reference documents the schema as the command line composes it.
-    ("commands", ("cli", "__main__", "compare", "evaluation", "config_reference")),
+    ("commands", ("cli", "__main__", "compare", "evaluation", "config_reference", "serve")),
 ]
 
 # Cycles tolerated for now, each with the change it waits for (none today). Any other cycle fails, and so does an

@@ -53,6 +53,15 @@ def test_settings_that_would_do_nothing_are_refused(server, backend, message):
         RolloutConfig(backend=backend, server=ServerConfig(**server))
 
 
+@pytest.mark.parametrize("backend", ["vllm", "hf", "auto"])
+def test_staleness_is_refused_without_servers(backend):
+    with pytest.raises(ValueError, match="rollout.max_staleness=1 does nothing with rollout.backend="):
+        RolloutConfig(backend=backend, max_staleness=1)
+    with pytest.raises(ValueError, match="rollout.max_staleness"):
+        RolloutConfig(backend="server", max_staleness=-1)
+    assert RolloutConfig(backend="server", max_staleness=2).max_staleness == 2
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [

@@ -155,12 +155,20 @@ def plot_runs(
     runs: Mapping[str, pd.DataFrame], out_png: str | os.PathLike, prefix: str = "train/", smooth: int = 1
 ) -> Path:
     """Overview of several runs in one PNG: entropy, predicted vs realised change, exact-quadrant token
-    share and dH, reflection words, val avg@n and val pass@k, reward and response length."""
+    share and dH, reflection words, val avg@n and val pass@k, reward and response length; with asynchronous
+    rollouts (``rollout.max_staleness`` >= 1) a fourth row: the samples' staleness, the trainer's and the producer's
+    idle time."""
     from matplotlib.figure import Figure
 
     colors = _run_colors(runs)
-    fig = Figure(figsize=(16, 12), layout="constrained")
-    ax = fig.subplots(3, 3)
+    staleness = f"{prefix}async/staleness/mean"
+    asynchronous = any(staleness in df and df[staleness].max() > 0 for df in runs.values())
+    fig = Figure(figsize=(16, 16 if asynchronous else 12), layout="constrained")
+    ax = fig.subplots(4 if asynchronous else 3, 3)
+    if asynchronous:
+        _plot_one_per_run(ax[3, 0], runs, colors, [staleness], "sample staleness (policy versions)", smooth)
+        _plot_one_per_run(ax[3, 1], runs, colors, [f"{prefix}time/trainer_idle"], "trainer idle (s per step)", smooth)
+        _plot_one_per_run(ax[3, 2], runs, colors, [f"{prefix}time/engine_idle"], "producer idle (s per batch)", smooth)
     _plot_one_per_run(ax[0, 0], runs, colors, [f"{prefix}entropy", "entropy"], "entropy (token mean)", smooth)
     ax[0, 0].legend(fontsize=7)
     _plot_forecast(ax[0, 1], runs, colors, prefix, smooth)

@@ -29,6 +29,15 @@ TRAIN_KEYS = (
     "train/memory/current_gib",
 )
 STEP_TIME = "train/time/step_s"
+# The step's phases: the timer's, and the wait for an asynchronous producer's batch.
+STEP_PHASES = (*PHASES, "trainer_idle")
+# With rollout.max_staleness >= 1: how old the samples were and where the producer spent its time.
+ASYNC_KEYS = (
+    "train/async/staleness/mean",
+    "train/async/queue_depth",
+    "train/time/engine_idle",
+    "train/time/weight_push",
+)
 VAL_HEADING = "validation: first and last evaluation"
 TRAIN_HEADING = "training: mean of the first and last 10 steps"
 
@@ -72,6 +81,8 @@ class RunSummary(Callback):
             if start is not None or end is not None:
                 train_rows.append((key, _fmt(start), _fmt(end)))
         train_rows += _time_rows(head, tail)
+        if any((h.get("train/async/staleness/max") or 0) > 0 for h in self.train_history):
+            train_rows += [(key, _fmt(_mean(head, key), 2), _fmt(_mean(tail, key), 2)) for key in ASYNC_KEYS]
         sections = [(VAL_HEADING, val_rows), (TRAIN_HEADING, train_rows)]
         return [(heading, rows) for heading, rows in sections if rows]
 
@@ -93,7 +104,8 @@ class RunSummary(Callback):
             table.add_row(Text(heading, style="bold"), "", "")
             for index, (metric, start, end) in enumerate(rows):
                 # A phase of the step time is indented under train/time/step_s, whose sum it is part of.
-                label = f"  {metric}" if metric.startswith("train/time/") and metric != STEP_TIME else metric
+                phase = metric.removeprefix("train/time/") in STEP_PHASES
+                label = f"  {metric}" if phase else metric
                 table.add_row(label, start, end, end_section=index == len(rows) - 1)
         return table
 
@@ -134,7 +146,7 @@ def _time_rows(head: list[dict[str, float]], tail: list[dict[str, float]]) -> li
     """The step time, then each phase that took time (the tool's only with a tool); the phases add up to it."""
     if _mean(head, STEP_TIME) is None and _mean(tail, STEP_TIME) is None:
         return []
-    ran = [p for p in PHASES if any((_mean(h, f"train/time/{p}") or 0.0) > 0 for h in (head, tail))]
+    ran = [p for p in STEP_PHASES if any((_mean(h, f"train/time/{p}") or 0.0) > 0 for h in (head, tail))]
     keys = [STEP_TIME, *(f"train/time/{phase}" for phase in ran)]
     return [(key, _fmt(_mean(head, key), 2), _fmt(_mean(tail, key), 2)) for key in keys]
 

@@ -77,20 +77,25 @@ class TrainPromptStream(IterableDataset):
                 f"(data.prompts_per_step={prompts_per_step} x world size {world_size})"
             )
         self.start_batch = start_batch
+        self._order: tuple[int, list[int]] | None = None  # the last epoch's visiting order
 
     def __iter__(self):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         batch = self.start_batch
-        epoch, order = None, None
         while True:
             if batch % num_workers == worker:  # DataLoader workers are read round-robin: order is kept
-                e, j = divmod(batch, self.batches_per_epoch)
-                if e != epoch:
-                    epoch, order = e, epoch_order(len(self.records), self.seed, e)
-                lo = j * self.global_batch + self.rank * self.per_rank
-                yield [self.encode(self.records[i]) for i in order[lo : lo + self.per_rank]]
+                yield self.batch(batch)
             batch += 1
+
+    def batch(self, index: int) -> list[dict]:
+        """This rank's prompts of global batch ``index`` (what the stream yields there)."""
+        epoch, j = divmod(index, self.batches_per_epoch)
+        order = self._order  # one read: the trainer's loader and the asynchronous producer both call this
+        if order is None or order[0] != epoch:
+            order = self._order = (epoch, epoch_order(len(self.records), self.seed, epoch))
+        lo = j * self.global_batch + self.rank * self.per_rank
+        return [self.encode(self.records[i]) for i in order[1][lo : lo + self.per_rank]]
 
 
 def _as_is(batch: Any) -> Any:
@@ -268,6 +273,14 @@ class PromptDataModule(L.LightningDataModule):
     def _require_setup(self) -> None:
         if self.train_records is None:
             raise RuntimeError("PromptDataModule.setup() must run before asking for a dataloader")
+
+    def train_batch(self, index: int) -> list[dict]:
+        """This rank's prompts of training batch ``index``, as the training dataloader yields them there (the
+        asynchronous producer reads batches ahead of the trainer through this)."""
+        self._require_setup()
+        if self._train_stream is None:
+            raise RuntimeError("PromptDataModule.train_dataloader() must run before train_batch()")
+        return self._train_stream.batch(index)
 
     def more_prompts(self, count: int, *, step: int, attempt: int) -> list[dict]:
         """Extra prompts for dynamic sampling's further generation batches: ``count`` per rank.

@@ -129,12 +129,30 @@ SECTIONS: list[tuple[str, dict[str, str]]] = [
             "train/time/step_s": "Wall time of the step, the sum of the `train/time/<phase>` values.",
             "train/time/<phase>": "Wall time of one phase of the step: rollout (generation), tool (tool calls), "
             "verify, score (the scoring pass), update, sync (weights to the engine), telemetry, other.",
+            "train/time/trainer_idle": "`rollout=server`: the trainer's wait for the step's batch from the rollout "
+            "producer (in place of the rollout, tool and verify phases, which then run beside the step).",
+            "train/time/engine_idle": "`rollout=server`: the producer's wait before it could start the step's batch "
+            "(its policy version not yet published, or the batch not yet wanted).",
+            "train/time/weight_push": "`rollout=server`: the push of the batch's policy version to the servers "
+            "(0 when they held it already).",
             "train/throughput/tokens_per_s": "Tokens the trainer processed (prompts and responses) per second of "
             "the step.",
             "train/memory/peak_gib": "Peak accelerator memory of the process, or its peak resident memory on a CPU "
             "(GiB).",
             "train/memory/current_gib": "Accelerator memory allocated after the step, or resident memory on a CPU "
             "(GiB): growth from step to step shows here.",
+        },
+    ),
+    (
+        "Asynchronous rollouts",
+        {
+            "train/async/staleness/mean": "`rollout=server`: how many policy versions the step's samples lag behind "
+            "the policy it trains (mean over its samples); at most `rollout.max_staleness`.",
+            "train/async/staleness/max": "The largest such lag among the step's samples.",
+            "train/async/queue_depth": "Batches the producer had ready when the trainer asked for the step's, "
+            "the step's own included (0 when the trainer had to wait for it).",
+            "train/async/rollout_s": "Generation, tool and verifier seconds of the step's batch, spent beside the "
+            "trainer.",
         },
     ),
     (

@@ -32,8 +32,9 @@ class StepTimer:
     def metrics(
         self, *, rollout_seconds: float, verify_seconds: float, tokens: int, tool_seconds: float = 0.0
     ) -> dict[str, float]:
-        """``time/<phase>`` for every phase of ``PHASES``, ``time/step_s`` and ``throughput/tokens_per_s``
-        (``tokens``: every prompt and response token the trainer processed this step, over the step's time)."""
+        """``time/<phase>`` for every phase of ``PHASES`` and every other lap's name, ``time/step_s`` and
+        ``throughput/tokens_per_s`` (``tokens``: every prompt and response token the trainer processed this step,
+        over the step's time)."""
         self.lap("other")
         total = self.last - self.started
         seconds = dict(self.seconds)
@@ -42,6 +43,8 @@ class StepTimer:
         inside = rollout_seconds + tool_seconds + verify_seconds
         seconds["other"] = seconds.get("other", 0.0) + max(collect - inside, 0.0)
         out = {f"time/{phase}": seconds.get(phase, 0.0) for phase in PHASES}
+        # Phases some steps have (the wait for an asynchronous producer's batch: trainer_idle).
+        out.update({f"time/{phase}": value for phase, value in seconds.items() if phase not in PHASES})
         out["time/step_s"] = total
         out["throughput/tokens_per_s"] = tokens / total if total > 0 else 0.0
         return out

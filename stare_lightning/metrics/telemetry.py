@@ -278,6 +278,23 @@ def _module_key(name: str) -> str:
     return name.replace(".", "_")
 
 
+def async_metrics(taken) -> dict[str, float]:
+    """``rollout=server``: how the step's batch came from the producer (a ``step.producer.Taken``): its staleness in
+    policy versions (every sample of a batch has its batch's), the batches ready when the trainer asked, the
+    producer's wait for the batch's version and the push of it, and the batch's generation seconds (the trainer's
+    wait for the batch is the step timer's ``time/trainer_idle``)."""
+    produced = taken.produced
+    stats = produced.collection.stats
+    return {
+        "train/async/staleness/mean": float(taken.staleness),
+        "train/async/staleness/max": float(taken.staleness),
+        "train/async/queue_depth": float(taken.queue_depth),
+        "train/async/rollout_s": stats.generation_seconds + stats.tool_seconds + stats.verify_seconds,
+        "train/time/engine_idle": produced.engine_idle_seconds,
+        "train/time/weight_push": produced.push_seconds,
+    }
+
+
 def step_costs(timer, stats, *, tokens: int) -> dict[str, float]:
     """``train/time/*``, throughput and memory of a step: its ``StepTimer`` (collection's inner phases from the
     ``CollectionStats``; ``tokens``: every token the trainer processed) and this process's memory after it."""

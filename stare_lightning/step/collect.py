@@ -59,6 +59,10 @@ class CollectionStats:
     generated_rewards: list[Tensor] = field(default_factory=list)  # [groups, n] per batch
     zero_std_groups: list[Tensor] = field(default_factory=list)  # bool [groups] per batch
 
+    def off_the_step(self) -> CollectionStats:
+        """These counters with no seconds: the collection ran beside the step (step/producer.py), not inside it."""
+        return replace(self, generation_seconds=0.0, tool_seconds=0.0, verify_seconds=0.0)
+
     def add(self, scored: ScoredGroups, zero_std: Tensor) -> None:
         self.generation_batches += 1
         self.verifier_timeouts += scored.verifier_timeouts

@@ -20,7 +20,12 @@ __all__ = ["Completion", "RolloutServerError", "ServerClient"]
 
 class RolloutServerError(ConnectionError):
     """A rollout server refused a request or stopped answering; the message names it. A ``ConnectionError`` (an
-    ``OSError``): the run ends with this one line, as with any other unreachable resource (``user_errors``)."""
+    ``OSError``): the run ends with this one line, as with any other unreachable resource (``user_errors``).
+    ``status``: the HTTP status of a refusal (None when the server did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class ServerClient:
         except urllib.error.HTTPError as error:
             detail = error.read()[:500].decode(errors="replace")
             raise RolloutServerError(
-                f"rollout server {self.url} refused {method} {path}: HTTP {error.code} {detail}"
+                f"rollout server {self.url} refused {method} {path}: HTTP {error.code} {detail}", status=error.code
             ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)

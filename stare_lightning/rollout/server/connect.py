@@ -39,6 +39,19 @@ def connect_servers(
             f"rollout server {', '.join(silent)} does not answer its health check (GET /health): start it, or correct "
             "rollout.server.urls (docs/guides/servers.md)"
         )
+    for client in clients:  # a credential the servers do not take is named now, not at the first push
+        try:
+            client.weight_version()
+        except RolloutServerError as error:
+            if launched is not None:
+                launched.stop()
+            if error.status == 401:
+                have = "is not the servers'" if token else "is unset"
+                raise RolloutServerError(
+                    f"rollout server {client.url} refused the run's credential: ${server.token_env} {have}; set it "
+                    "to the secret the servers were started with (rollout.server.token_env names the variable)"
+                ) from None
+            raise
     return ServerRolloutEngine(
         clients, chunk_bytes=server.chunk_mb << 20, launched=launched, transfer_dir=server.transfer_dir
     )

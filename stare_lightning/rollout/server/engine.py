@@ -132,30 +132,55 @@ class ServerRolloutEngine:
     # -- weights ----------------------------------------------------------------------------------------
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Gather the policy's full weights on every rank; rank 0 pushes them to every server (call on every rank)."""
-        from stare_lightning.rollout.server.transfer import new_transfer_directory, write_chunks
-
         start = time.perf_counter()
-        self.pushes += 1
-        version = f"push-{self.pushes}"
-        with torch.no_grad():
-            weights = iter_full_weights(model)
-            if distributed.rank() == 0:
-                if self._transfer_dir is None:
-                    self._transfer_dir = new_transfer_directory(self.transfer_under)
-                    self._each(lambda c: c.init_transfer({"directory": str(self._transfer_dir)}))
-                self._each(ServerClient.begin_push)
-                for chunk in write_chunks(weights, self._transfer_dir, chunk_bytes=self.chunk_bytes):
-                    self._each(lambda c, chunk=chunk: c.send_chunk(chunk))
-                self._each(lambda c: c.end_push(version))
-                for leftover in self._transfer_dir.iterdir():
-                    leftover.unlink()
-            else:
-                for _ in weights:  # the gathers are collectives: every rank runs them, in the same order
-                    pass
+        weights = self.gather_weights(model, keep=False)
+        if weights is not None:
+            self.push(weights)
+        else:  # every rank counts the pushes, so every rank checks its responses against the same version
+            self.pushes += 1
+            self.expect_version(f"push-{self.pushes}")
         if distributed.is_distributed():  # no rank samples before rank 0's push is done
             distributed.all_reduce(torch.zeros(1))
-        self.version = version
         self.last_sync_seconds = time.perf_counter() - start
+
+    def gather_weights(self, model: torch.nn.Module, *, keep: bool = True):
+        """The policy's full weights, gathered on every rank (FSDP2's collectives, so every rank calls this), as
+        ``(name, tensor)`` pairs on rank 0 and None elsewhere. ``keep``: host copies, to push later while the
+        trainer goes on changing its parameters; else a generator the caller must run out at once."""
+        weights = iter_full_weights(model)
+        if distributed.rank() != 0:
+            with torch.no_grad():
+                for _ in weights:  # the gathers are collectives: every rank runs them, in the same order
+                    pass
+            return None
+        if not keep:
+            return weights
+        with torch.no_grad():
+            return [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in weights]
+
+    def push(self, weights, version: str | None = None) -> str:
+        """Send ``weights`` (rank 0's ``gather_weights``) to every server under ``version`` (default: the next
+        ``push-N``) and return it. Rank 0 only, and no collective: the caller makes the other ranks wait."""
+        from stare_lightning.rollout.server.transfer import new_transfer_directory, write_chunks
+
+        self.pushes += 1
+        version = version or f"push-{self.pushes}"
+        with torch.no_grad():
+            if self._transfer_dir is None:
+                self._transfer_dir = new_transfer_directory(self.transfer_under)
+                self._each(lambda c: c.init_transfer({"directory": str(self._transfer_dir)}))
+            self._each(ServerClient.begin_push)
+            for chunk in write_chunks(weights, self._transfer_dir, chunk_bytes=self.chunk_bytes):
+                self._each(lambda c, chunk=chunk: c.send_chunk(chunk))
+            self._each(lambda c: c.end_push(version))
+            for leftover in self._transfer_dir.iterdir():
+                leftover.unlink()
+        self.version = version
+        return version
+
+    def expect_version(self, version: str) -> None:
+        """On a rank that did not push: the servers now hold ``version`` (rank 0 pushed it)."""
+        self.version = version
 
     def _each(self, call) -> None:
         """``call(client)`` on every server at once; the first failure, naming its server, stops the run."""

@@ -1,0 +1,172 @@
+"""Where a training step's rollouts come from, and how the engine hears of the update that follows.
+
+``InStepRollouts``: collected inside the step from the colocated engine, whose weights are synced after the
+optimizer steps (the synchronous step). ``AsyncRollouts`` (``rollout=server``): taken from a ``RolloutProducer``
+started at the fit's first step, which collects the data module's training batches ahead of the trainer with the
+synchronous step's prompts and seeds, at most ``rollout.max_staleness`` versions behind; after the optimizer steps
+the trainer publishes the new version for it. Both hand the step a ``StepRollouts``, so the step reads the same
+either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from stare_lightning import distributed
+from stare_lightning.metrics.telemetry import async_metrics
+from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.step.collect import Collection, CollectionStats
+from stare_lightning.step.plan import StepPlan
+from stare_lightning.step.producer import RolloutProducer, Taken
+from stare_lightning.step.runner import StepRunner
+
+__all__ = ["AsyncRollouts", "InStepRollouts", "StepRollouts", "rollout_source"]
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """A step's collection, and (from the producer) how it was taken."""
+
+    collection: Collection
+    taken: Taken | None = None
+
+    @property
+    def staleness(self) -> int:
+        return self.taken.staleness if self.taken is not None else 0
+
+    @property
+    def phase(self) -> str:
+        """What the step timer calls the time spent getting it: collecting, or waiting for the producer."""
+        return "collect" if self.taken is None else "trainer_idle"
+
+    def metrics(self) -> dict[str, float]:
+        """``train/async/*`` and the producer's times (``metrics.telemetry.async_metrics``), when it came from one."""
+        return async_metrics(self.taken) if self.taken is not None else {}
+
+    def step_stats(self) -> CollectionStats:
+        """The collection's counters as the step's costs see them: a producer's seconds were not the step's."""
+        stats = self.collection.stats
+        return stats if self.taken is None else stats.off_the_step()
+
+
+def rollout_source(
+    rollout: RolloutConfig, plan: StepPlan, runner: StepRunner, synced, data, *, engine, sampler, seed_of, max_steps
+):
+    """The source of a run's rollouts: ``AsyncRollouts`` with ``rollout=server``, else ``InStepRollouts``. ``synced``:
+    the run's ``SyncedEngine``; ``engine()``: its engine, synced (built on first use); ``sampler(engine)``: what
+    samples from it (tool episodes on top of it with a tool); ``data``: the ``PromptDataModule``; ``seed_of(step)``:
+    the step's seed; ``max_steps``: the fit's optimizer steps (-1: unbounded)."""
+    if rollout.backend != "server":
+        return InStepRollouts(runner, synced, data, engine=engine, sampler=sampler)
+    return AsyncRollouts(
+        runner,
+        data,
+        engine=engine,
+        sampler=sampler,
+        max_staleness=rollout.max_staleness,
+        steps_per_batch=plan.ppo_epochs * plan.mini_batches,
+        seed_of=seed_of,
+        max_steps=max_steps,
+    )
+
+
+class InStepRollouts:
+    """The synchronous step's rollouts (``rollout_source`` says what the arguments are)."""
+
+    def __init__(self, runner: StepRunner, synced, data, *, engine: Callable, sampler: Callable) -> None:
+        self.runner, self.synced, self.data, self.engine, self.sampler = runner, synced, data, engine, sampler
+
+    def take(self, batch: list[dict], *, seed: int, step: int, **_) -> StepRollouts:
+        def more_prompts(count: int, attempt: int) -> list[dict]:
+            return self.data.more_prompts(count, step=step, attempt=attempt)
+
+        collection = self.runner.collect(batch, self.sampler(self.engine()), seed=seed, more_prompts=more_prompts)
+        self.synced.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
+        return StepRollouts(collection)
+
+    def publish(self, rollouts: StepRollouts, policy: torch.nn.Module) -> None:
+        self.synced.mark_stale()
+        self.engine()  # the weight sync, right after the optimizer steps, on every rank
+
+    def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncRollouts:
+    """``rollout=server``'s rollouts (``rollout_source`` says what the arguments are); ``steps_per_batch``: optimizer
+    steps per rollout batch (``ppo_epochs x mini_batches``)."""
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        data,
+        *,
+        engine: Callable,
+        sampler: Callable,
+        max_staleness: int,
+        steps_per_batch: int,
+        seed_of: Callable[[int], int],
+        max_steps: int,
+    ) -> None:
+        self.runner, self.data, self.engine, self.sampler = runner, data, engine, sampler
+        self.max_staleness, self.steps_per_batch, self.seed_of = max_staleness, steps_per_batch, seed_of
+        self.max_steps = max_steps
+        self.producer: RolloutProducer | None = None
+
+    def take(self, batch: list[dict], *, step: int, policy: torch.nn.Module, **_) -> StepRollouts:
+        """The batch the dataloader just handed over (``batch``, its prompts), at optimizer step ``step``;
+        ``policy``: the weights the producer starts from."""
+        index = self.data.batches_consumed - 1
+        if self.producer is None:
+            engine = self.engine()
+            left = -(-(self.max_steps - step) // self.steps_per_batch) if self.max_steps >= 0 else 2**62
+            self.producer = RolloutProducer(
+                lambda b: self._collect(b, engine),
+                engine,
+                max_staleness=self.max_staleness,
+                first=index,
+                last=index + max(left, 1),
+                # The producer's collectives get a group of their own: the trainer's run on the default one meanwhile.
+                group=distributed.new_side_group(),
+                servers_hold=index,  # the synced engine holds the weights the fit starts from
+            )
+            self.producer.publish(index, policy)
+        taken = self.producer.take(index)
+        ids = [item["id"] for item in batch]
+        if taken.produced.prompt_ids != ids:
+            raise RuntimeError(
+                f"the rollout producer's batch {index} holds prompts {taken.produced.prompt_ids[:4]}..., the "
+                f"trainer's {ids[:4]}...: the data module's batches and its position disagree"
+            )
+        return StepRollouts(taken.produced.collection, taken)
+
+    def publish(self, rollouts: StepRollouts, policy: torch.nn.Module) -> None:
+        """After the step's optimizer steps (every rank): the next version, for the producer to push when needed."""
+        self.producer.publish(rollouts.taken.produced.batch + 1, policy)
+
+    def drain(self) -> None:
+        """Before validation: the servers get the trainer's current weights while the producer waits."""
+        if self.producer is not None:
+            self.producer.drain()
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+
+    def _collect(self, index: int, engine) -> tuple[Collection, list]:
+        """The producer's work for batch ``index`` (in its thread): the step's prompts, collected with the seeds the
+        synchronous step would use (those of the optimizer step the batch starts at, none skipped)."""
+        prompts, step = self.data.train_batch(index), index * self.steps_per_batch
+        collection = self.runner.collect(
+            prompts,
+            self.sampler(engine),
+            seed=self.seed_of(step),
+            more_prompts=lambda count, attempt: self.data.more_prompts(count, step=step, attempt=attempt),
+        )
+        return collection, [item["id"] for item in prompts]
