@@ -381,6 +381,20 @@ def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
     assert sorted(steps) == [0, 1]
     # The engine received the trainer's weights: its log-probs match the trainer's forward (fp32).
     assert all(r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in steps.values())
+    if (
+        overrides is SMOLLM2
+    ):  # the same fit on a separate vLLM server takes the same steps (the tiny model's: test_fit_server)
+        server = tmp_path / "server"
+        args = ["fit", f"output_dir={server}", *overrides, "rollout=server", "trainer.max_steps=2"]
+        proc = run_cli([*args, "validation.before_fit=false"], model_cache, cwd=tmp_path)
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-4000:]
+        served = train_rows(read_metrics(server))
+        assert sorted(served) == [0, 1]
+        for step, row in steps.items():
+            for name in ("loss", "entropy", "reward/mean", "response_length/mean", "grad_norm"):
+                want, have = row[f"train/{name}"], served[step][f"train/{name}"]
+                assert have == pytest.approx(want, abs=1e-5, rel=1e-5), f"step {step}: train/{name}"
 
 
 # The command line with vLLM's engine as the trainer builds it, but for its weight syncs: it takes the weights it

@@ -3,6 +3,16 @@
 What it implements: each micro-batch's token weights are STARE's omega (Luo et al. 2026; docs/method.md
 section 3), selected by ``step/selection.py``, times the importance-sampling correction of the rollout-engine /
 trainer mismatch (``rollout_correction``). Both multiply the clipped surrogate after clipping.
+
+With asynchronous rollouts (``rollout.max_staleness`` >= 1) the same correction is the off-policy one: the engine's
+log-probs are the behaviour policy's (K versions back), and the old log-probs are always the trainer's own at the
+step's start (the scoring pass or the update's first forward), which is what AReaL's decoupled PPO calls the
+proximal policy. So the clip is taken against the proximal policy and the behaviour-to-proximal ratio is capped:
+``mismatch.mode=truncate`` is truncated IS, ``mask`` drops tokens above the cap as AReaL's decoupled loss does.
+STARE's gate reads the entropy of the current policy and its selection ranks by the current policy's surprisal,
+because the gate's job is to hold the entropy of the policy being trained, not of the one that sampled; omega then
+multiplies the importance weight, so it re-weights the corrected estimate of the current policy's gradient and
+leaves the correction itself untouched.
 """
 
 from __future__ import annotations
