@@ -26,11 +26,12 @@ Prediction. With perfect overlap a step takes about max(generation, update + syn
 synchronous step, whose shares are g (generation), p (the push) and 1 - g - p (the trainer's work), the ratio is
 about max(g, 1 - g) + p. Printed: that bound with this run's own g and p (max(g, 1 - g - p) + p, to set against the
 measured K=1 ratio), and for a GPU cluster where generation is 70% or 80% of the synchronous step, with the push
-share p measured here (a CPU step is long, so a GPU's push share may well be larger: read it as a lower bound).
+share p measured here (a CPU's: a cluster's push share depends on its network, model and step, so read these two as
+illustrations of the bound). With K >= 1 the push runs in the producer thread, which shares the trainer's core here.
 
-    python benchmarks/bench_async.py                         # 6 steps x 4 arms, 1 round: about 35 minutes on 2 cores
-    python benchmarks/bench_async.py --rounds 2 --json a.json  # about 70 minutes
-    python benchmarks/bench_async.py --smoke --steps 3       # tiny job (2 prompts x 2 samples, 16 tokens): ~8 minutes
+    python benchmarks/bench_async.py                           # 6 steps x 4 arms, 1 round: roughly 25 minutes, 2 cores
+    python benchmarks/bench_async.py --rounds 2 --json a.json  # roughly 50 minutes
+    python benchmarks/bench_async.py --smoke --steps 3         # 2 prompts x 2 samples x 16 tokens: about 6 minutes
     python benchmarks/bench_async.py --arms a b --overrides rollout.max_new_tokens=64
 """
 
@@ -86,6 +87,15 @@ COLUMNS = {
     "train/time/score": "score",
     "train/async/staleness/mean": "staleness",
 }
+
+
+def merge_overrides(*groups) -> list[str]:
+    """The overrides of every group in order, a later one replacing an earlier one of the same key in its place."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for override in group:
+            merged[override.partition("=")[0].lstrip("+~")] = override
+    return list(merged.values())
 
 
 def load_bench_server():
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--trainer-cpu and --engine-cpu must be among this process's CPUs {sorted(all_cpus)}")
     if args.cache_dir:
         os.environ["STARE_LIGHTNING_CACHE"] = str(Path(args.cache_dir).expanduser())  # the fits read it too
-    job = [*JOB_OVERRIDES, *(SMOKE_OVERRIDES if args.smoke else ()), *args.overrides]
+    job = merge_overrides(JOB_OVERRIDES, SMOKE_OVERRIDES if args.smoke else (), args.overrides)
 
     from stare_lightning.models.registry import resolve_model
     from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
