@@ -111,7 +111,7 @@ def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_pat
     assert time.monotonic() - killed < 240
     steps_done = max(train_rows(read_metrics(run)))
     assert steps_done < 49
-    resumed = [*args[:-1], f"trainer.max_steps={steps_done + 2}", "ckpt_path=last"]
+    resumed = [*args[:-1], f"trainer.max_steps={steps_done + 3}", "ckpt_path=last"]  # two steps or more
     _fit(resumed, model_cache, tmp_path)
     assert max(train_rows(read_metrics(run))) > steps_done  # it trained on from the checkpoint
     # In the log's order: the resumed run starts where the step count goes back (or past the killed run's last step).

@@ -149,6 +149,8 @@ def test_a_failure_in_the_producer_reaches_the_trainer():
         trainer.producer.take(2)
     with pytest.raises(ConnectionError):
         trainer.producer.drain()
+    with pytest.raises(ConnectionError):  # the trainer's next publication hears of it too, the thread stays down
+        trainer.publish(3)
 
 
 def test_a_batch_whose_version_is_not_published_is_refused():

@@ -113,12 +113,13 @@ class RolloutProducer:
         started = time.perf_counter()
         copy = self.engine.gather_weights(model)
         with self._lock:
+            self._raise_error()  # a producer that failed reports it at the trainer's first chance
             if version != self._published + 1:
                 raise RuntimeError(f"version {version} published after version {self._published}")
             self._copies[version] = copy
             self._published = version
             self._lock.notify_all()
-        if not self._thread.is_alive() and not self._closed:
+        if self._thread.ident is None and not self._closed:  # started by the first version, once
             self._thread.start()
         return time.perf_counter() - started
 
