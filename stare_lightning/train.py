@@ -115,6 +115,10 @@ def _setup(cfg: RunConfig):
     datamodule = PromptDataModule(cfg.data, tokenizer=None)
     datamodule.load_records()
     tool = build_tool_from_config(cfg.tools)  # a missing or broken sandbox fails here, before the model
+    if cfg.rollout.backend == "server":  # and so do running servers that do not answer or refuse the credential
+        from stare_lightning.rollout.server.connect import check_running_servers
+
+        check_running_servers(cfg.rollout)
     model_dir = prepare_model(cfg, datamodule, tool)
     datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     from stare_lightning.module import STAREModule

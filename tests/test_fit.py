@@ -361,7 +361,8 @@ CANARY_BOUND = 1e-3
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("overrides", [pytest.param(FAST, id="tiny"), pytest.param(SMOLLM2, id="smollm2")])
+# The tiny model's colocated vLLM fit, and its server twin, are tests/test_fit_server.py's.
+@pytest.mark.parametrize("overrides", [pytest.param(SMOLLM2, id="smollm2")])
 def test_fit_with_vllm_rollouts(tmp_path, model_cache, overrides):
     proc = run_cli(
         [

@@ -18,7 +18,7 @@ import pytest
 from stare_lightning.rollout.config import ServerConfig
 from stare_lightning.rollout.server.client import RolloutServerError
 from stare_lightning.rollout.server.connect import connect_servers
-from tests.test_fit import read_metrics, run_cli, train_rows, wait_for_checkpoint
+from tests.test_fit import CANARY_BOUND, read_metrics, run_cli, train_rows, wait_for_checkpoint
 from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -46,6 +46,10 @@ def test_a_server_fit_takes_the_colocated_fits_steps(colocated, tmp_path, model_
     _fit([f"output_dir={run}", *ONE_PROCESS, *DUMP, "rollout=server"], model_cache, tmp_path)
     _assert_same_steps(colocated, run)
     assert _samples(run) == _samples(colocated) and _samples(run)  # the same samples, drawn by another process
+    for fit in (colocated, run):  # each engine got the trainer's weights: its log-probs are the trainer's (fp32)
+        assert all(
+            r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in train_rows(read_metrics(fit)).values()
+        )
     assert list((run / "servers").glob("server-*.log"))  # the launched server's log is in the run directory
 
 

@@ -234,6 +234,10 @@ def _ok(url: str, path: str, body=None, method: str | None = None):
     return answer
 
 
+# The tests on the module's server run on one xdist worker, so the server starts once.
+SHARES_THE_SERVER = pytest.mark.xdist_group("server_backend")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     from tests.needs import require
@@ -312,6 +316,7 @@ def _named(model) -> list[tuple[str, torch.Tensor]]:
     return [(name, param.detach()) for name, param in model.named_parameters()]
 
 
+@SHARES_THE_SERVER
 @pytest.mark.vllm
 def test_every_route_but_health_needs_the_token(server):
     url, _ = server
@@ -331,6 +336,7 @@ def test_every_route_but_health_needs_the_token(server):
     assert _request(url, "/is_paused")[1] == {"is_paused": False}  # nothing above paused it
 
 
+@SHARES_THE_SERVER
 @pytest.mark.vllm
 def test_a_push_serves_the_pushed_weights(server, tiny_dir):
     url, directory = server
@@ -372,6 +378,7 @@ def _crafted_rounds(tiny_dir, directory: Path, outside: Path):
     ]
 
 
+@SHARES_THE_SERVER
 @pytest.mark.vllm
 def test_refused_pushes_leave_the_served_weights_and_a_good_round_follows(server, tiny_dir, tmp_path):
     url, directory = server
@@ -417,6 +424,7 @@ def _same(a, b) -> bool:
     return a[0] == b[0] and torch.equal(a[1], b[1])
 
 
+@SHARES_THE_SERVER
 @pytest.mark.vllm
 def test_the_transfer_directory_must_be_absolute_and_private(server, tiny_dir, tmp_path):
     url, directory = server

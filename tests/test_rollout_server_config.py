@@ -104,7 +104,7 @@ def test_a_server_that_does_not_answer_is_named_before_anything_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_cli_stops_before_the_first_step_naming_the_server(tmp_path):
+def test_the_cli_stops_before_the_model_is_prepared_naming_the_server(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}"
     env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
     command = [
@@ -116,6 +116,7 @@ def test_the_cli_stops_before_the_first_step_naming_the_server(tmp_path):
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"rollout server {url} does not answer its health check" in errors[0], errors
     assert not list((tmp_path / "run").rglob("*.ckpt"))  # no step ran
+    assert not (tmp_path / "cache").exists()  # nor was the model prepared
 
 
 def test_serve_refuses_a_network_address_without_a_credential(tmp_path):

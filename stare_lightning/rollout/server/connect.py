@@ -8,11 +8,11 @@ import secrets
 from pathlib import Path
 
 from stare_lightning import distributed
-from stare_lightning.rollout.config import ServerConfig
+from stare_lightning.rollout.config import RolloutConfig, ServerConfig
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.engine import ServerRolloutEngine
 
-__all__ = ["connect_servers", "launch_servers"]
+__all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
 
 
 def connect_servers(
@@ -30,11 +30,30 @@ def connect_servers(
         urls, token, problem = distributed.all_gather_objects((urls, token, problem))[0]
     if problem:
         raise RolloutServerError(problem)
+    try:
+        clients = answering_servers(urls, token, server)
+    except RolloutServerError:
+        if launched is not None:
+            launched.stop()
+        raise
+    return ServerRolloutEngine(
+        clients, chunk_bytes=server.chunk_mb << 20, launched=launched, transfer_dir=server.transfer_dir
+    )
+
+
+def check_running_servers(rollout: RolloutConfig) -> None:
+    """With ``rollout.server.launch=false``: every server answers and takes the run's credential. Called before any
+    model is prepared, so a wrong URL or token costs seconds, not a model's preparation."""
+    if rollout.backend == "server" and not rollout.server.launch:
+        server = rollout.server
+        answering_servers(list(server.urls), os.environ.get(server.token_env), server)
+
+
+def answering_servers(urls: list[str], token: str | None, server: ServerConfig) -> list[ServerClient]:
+    """A client per URL, once each server has answered its health check and taken the credential."""
     clients = [ServerClient(url, token=token, timeout=server.request_timeout) for url in urls]
     silent = [client.url for client in clients if not client.healthy()]
     if silent:
-        if launched is not None:
-            launched.stop()
         raise RolloutServerError(
             f"rollout server {', '.join(silent)} does not answer its health check (GET /health): start it, or correct "
             "rollout.server.urls (docs/guides/servers.md)"
@@ -43,8 +62,6 @@ def connect_servers(
         try:
             client.weight_version()
         except RolloutServerError as error:
-            if launched is not None:
-                launched.stop()
             if error.status == 401:
                 have = "is not the servers'" if token else "is unset"
                 raise RolloutServerError(
@@ -52,9 +69,7 @@ def connect_servers(
                     "to the secret the servers were started with (rollout.server.token_env names the variable)"
                 ) from None
             raise
-    return ServerRolloutEngine(
-        clients, chunk_bytes=server.chunk_mb << 20, launched=launched, transfer_dir=server.transfer_dir
-    )
+    return clients
 
 
 def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, token: str):
