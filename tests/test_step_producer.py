@@ -102,7 +102,7 @@ def test_the_producer_runs_ahead_while_the_trainer_works():
     assert first.staleness == 0
     trainer.publish(1)
     second = trainer.producer.take(1)
-    assert second.queue_depth == 2 and second.waited_seconds < 5  # batch 2 was ready too
+    assert second.queue_depth == 2  # batch 2 was ready too
     trainer.producer.close()
 
 
@@ -144,8 +144,10 @@ def test_a_failure_in_the_producer_reaches_the_trainer():
     trainer.producer.take(0)
     trainer.publish(1)
     trainer.producer.take(1)
-    trainer.publish(2)
+    # Batch 2 needs version 1 only, so it may already have failed when version 2 is published: the error is
+    # raised at whichever of the two calls comes after the failure.
     with pytest.raises(ConnectionError, match="stopped answering"):
+        trainer.publish(2)
         trainer.producer.take(2)
     with pytest.raises(ConnectionError):
         trainer.producer.drain()
