@@ -191,9 +191,9 @@ class STAREModule(LightningModule):
         timer.lap(source.phase)
         collection, lr = source.collection, self.lr_schedulers().get_last_lr()[0]
         result = self.runner.learn(collection, seed=seed, lap=timer.lap)
-        # A stale batch differs from the trainer by design, not by fault: the canary reads fresh ones only.
+        # A stale batch differs from the trainer by design, not by fault: measured, but judged only when fresh.
         logprobs = (result.batch.rollout_logprobs, result.scores.logprobs, result.batch.response_mask)
-        canary = self.canary.update(*logprobs) if source.staleness == 0 else {}
+        canary = self.canary.update(*logprobs, judge=source.staleness == 0)
         timer.lap("telemetry")
         self.rollouts.publish(source, self.policy)
         timer.lap("sync")

@@ -64,6 +64,9 @@ def test_async_steps_lag_by_at_most_k_and_two_ranks_take_the_same_steps(colocate
     _fit([f"output_dir={one}", *ONE_PROCESS, *ASYNC], model_cache, tmp_path)
     rows = train_rows(read_metrics(one))
     assert [rows[step]["train/async/staleness/max"] for step in sorted(rows)] == [0.0, 1.0, 2.0]
+    # The stale batches really come from older weights: the fresh one is within the canary's bound, they are not.
+    gaps = [rows[step]["train/rollout/logprob_abs_diff/mean"] for step in sorted(rows)]
+    assert gaps[0] < CANARY_BOUND < min(gaps[1:]), gaps
     assert any(key.startswith("val/") for row in read_metrics(one) for key in row)  # the validation ran
     # The first batch comes from the starting weights, as in the synchronous fit.
     first = min(rows)

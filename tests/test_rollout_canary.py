@@ -40,6 +40,17 @@ def test_a_good_step_resets_the_count():
     assert canary.strikes == 0
 
 
+def test_a_stale_batch_is_measured_but_neither_strikes_nor_clears():
+    """``rollout.max_staleness``: a batch from an older policy reports its gap; the strikes of fresh ones stand."""
+    canary = LogprobCanary(threshold=0.05, patience=2)
+    canary.update(*_pair(0.2))
+    assert canary.update(*_pair(1.5), judge=False)[MEAN_KEY] == pytest.approx(1.5)
+    assert canary.update(*_pair(1e-6), judge=False)[MEAN_KEY] == pytest.approx(1e-6, abs=1e-6)
+    assert canary.strikes == 1  # a fresh step's strike survives stale steps, good or bad
+    with pytest.raises(RuntimeError, match="stale weights"):
+        canary.update(*_pair(0.2))
+
+
 def test_patience_zero_only_reports_and_empty_mask_is_harmless():
     canary = LogprobCanary(threshold=0.05, patience=0)
     for _ in range(5):

@@ -116,7 +116,8 @@ SECTIONS: list[tuple[str, dict[str, str]]] = [
             "train/rollout/tokens_per_s": "Generated tokens per second of generation (summed over ranks: per "
             "rank-second).",
             "train/rollout/logprob_abs_diff/mean": "Token mean of |engine log-prob - trainer log-prob| of the sampled "
-            "tokens: the canary that stops a run whose engine drifts from the trainer.",
+            "tokens: the canary that stops a run whose engine drifts from the trainer. On a batch up to "
+            "`rollout.max_staleness` versions old it is the behaviour-to-current policy gap, measured but not judged.",
             "train/rollout/logprob_abs_diff/max": "The largest such difference.",
             "train/verifier/timeouts": "Verifier calls of the step that missed their deadline (scored 0).",
             "train/verifier/errors": "Verifier calls of the step that raised, were refused or returned no number in "

@@ -7,7 +7,9 @@ weights (a missed ``sync_weights``, or a sleep mode that reloaded the checkpoint
 from a differently processed distribution (top-p/top-k truncation). ``LogprobCanary`` reports the
 difference for the metrics ``rollout/logprob_abs_diff/mean|max`` and raises once it has stayed above the
 threshold for ``patience`` consecutive steps. Under ``torch.distributed`` the statistics are reduced over
-all ranks first, so every rank sees the same numbers and raises at the same step.
+all ranks first, so every rank sees the same numbers and raises at the same step. A batch sampled from an older
+policy on purpose (``rollout.max_staleness``) is measured but not judged: there the difference is the off-policy
+gap the correction works against, not a fault.
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ class LogprobCanary:
         engine_logprobs: torch.Tensor,
         trainer_logprobs: torch.Tensor,
         mask: torch.Tensor | None = None,
+        *,
+        judge: bool = True,
     ) -> dict[str, float]:
-        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out."""
+        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out. With
+        ``judge=False`` the step is measured only: it neither counts as a strike nor clears the strikes."""
         if engine_logprobs.shape != trainer_logprobs.shape:
             raise ValueError(
                 f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}"
@@ -62,6 +67,8 @@ class LogprobCanary:
         tokens = total[1].item()
         mean = total[0].item() / tokens if tokens else 0.0
         metrics = {MEAN_KEY: mean, MAX_KEY: worst.item()}
+        if not judge:
+            return metrics
         if tokens and mean > self.threshold:
             self.strikes += 1
         else:
