@@ -150,19 +150,28 @@ def _first_near_tie(policy, prompt, ids, mask, gap=1e-2):
     return int(close.nonzero()[0]) if close.any() else len(ids)
 
 
-@pytest.mark.vllm
-def test_vllm_and_hf_build_the_same_episodes(tool_policy_dir, policy, tokenizer, prompts):
-    """Near-greedy sampling (the engines draw from different random streams, so at T = 1 only their
-    distributions agree): the same tokens, turn boundaries, tool replies and masks from both engines, up to the
-    first near tie of the policy's logits (where the engines' fp32 kernels may rank the two best differently)."""
+# Near-greedy sampling, for the comparison with the HF engine (the docstring of the test below).
+NEAR_GREEDY = _params(temperature=1e-3, n=2)
+
+
+@pytest.fixture(scope="module")
+def vllm_episodes(tool_policy_dir, tokenizer, prompts):
+    """Episodes from the in-process vLLM engine, near-greedy, seeded by prompt."""
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
     engine = VLLMRolloutEngine(tool_policy_dir[0], max_model_len=256, kv_cache_memory_bytes=64 << 20)
     try:
-        params, seeds = _params(temperature=1e-3, n=2), list(range(len(prompts)))
-        from_vllm = _episodes(engine, tokenizer).generate(prompts, params, seeds=seeds)
+        return _episodes(engine, tokenizer).generate(prompts, NEAR_GREEDY, seeds=list(range(len(prompts))))
     finally:
         engine.close()
+
+
+@pytest.mark.vllm
+def test_vllm_and_hf_build_the_same_episodes(vllm_episodes, policy, tokenizer, prompts):
+    """Near-greedy sampling (the engines draw from different random streams, so at T = 1 only their
+    distributions agree): the same tokens, turn boundaries, tool replies and masks from both engines, up to the
+    first near tie of the policy's logits (where the engines' fp32 kernels may rank the two best differently)."""
+    params, seeds, from_vllm = NEAR_GREEDY, list(range(len(prompts))), vllm_episodes
     from_hf = _episodes(_hf(policy, tokenizer), tokenizer).generate(prompts, params, seeds=seeds)
     whole = []
     for row, (ids, mask) in enumerate(zip(from_hf.response_ids, from_hf.policy_masks)):
@@ -180,6 +189,29 @@ def test_vllm_and_hf_build_the_same_episodes(tool_policy_dir, policy, tokenizer,
     # Near ties are rare: most episodes are compared whole, tool calls and replies included.
     assert len(whole) >= len(from_hf.response_ids) - 4
     assert any(from_hf.episodes[row].tool_calls for row in whole)
+
+
+@pytest.mark.vllm
+def test_a_rollout_server_builds_the_in_process_engines_episodes(
+    vllm_episodes, tool_policy_dir, tokenizer, prompts, tmp_path
+):
+    """``rollout=server`` under tool use: each turn is a seeded request to a separate vLLM server, so the episodes
+    (tokens, turns, tool replies, masks, log-probs) are those of the same engine run in process."""
+    from stare_lightning.rollout.config import ServerConfig
+    from stare_lightning.rollout.server.connect import connect_servers
+
+    engine = connect_servers(ServerConfig(), tool_policy_dir[0], dtype="float32", seed=0, log_dir=tmp_path)
+    try:
+        served = _episodes(engine, tokenizer).generate(prompts, NEAR_GREEDY, seeds=list(range(len(prompts))))
+    finally:
+        engine.close()
+    assert served.response_ids == vllm_episodes.response_ids
+    assert served.policy_masks == vllm_episodes.policy_masks
+    assert served.finish_reasons == vllm_episodes.finish_reasons
+    assert [e.segments for e in served.episodes] == [e.segments for e in vllm_episodes.episodes]
+    assert any(e.tool_calls for e in served.episodes)
+    for a, b in zip(served.response_logprobs, vllm_episodes.response_logprobs):
+        assert max((abs(x - y) for x, y in zip(a, b)), default=0.0) < 1e-4
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,12 @@ def shown_images(nb) -> list:
 
 
 COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
+    "async_study.ipynb": (
+        "data/async_study",
+        [f"{arm}_k{k}_seed1" for arm in ("grpo_ds", "stare_o1") for k in (0, 1, 2, 4)]
+        + ["stare_o1_k4_uncorrected_seed1"],
+        1,
+    ),
     "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
     "offline_tradeoff.ipynb": (
         "data/offline_tradeoff",
@@ -213,8 +219,11 @@ def test_summaries_of_a_sweep_keep_the_plotted_columns_and_name_runs(tmp_path):
     for index, (algorithm, adaptive, seed) in enumerate([("grpo_ds", False, 0), ("stare_o1", True, 1)]):
         logs = write_fake_run(tmp_path / "sweep" / f"{index}_job" / "logs", seed=seed, steps=12)
         hparams = {"seed": seed, "algorithm": {"name": algorithm, "stare": {"adaptive": adaptive}}}
+        hparams |= {"rollout": {"backend": "server", "max_staleness": 2}, "optim": {"lr": 1e-3}}
         (logs / "hparams.yaml").write_text(yaml.safe_dump(hparams))
     written = summarize_sweep(tmp_path / "sweep", tmp_path / "summary")
+    kept = yaml.safe_load((written[0] / "hparams.yaml").read_text())
+    assert kept["rollout"]["max_staleness"] == 2 and "optim" not in kept  # the rollout group, not every group
     assert [p.name for p in written] == ["grpo_ds_seed0", "stare_o1_adaptive_seed1"]
     runs = load_runs(tmp_path / "summary")
     assert sorted(runs) == ["grpo_ds_seed0", "stare_o1_adaptive_seed1"]

@@ -27,6 +27,7 @@ LABELS = {"grpo_ds": "GRPO-ds", "stare_o1": "STARE-O1"}
 
 # (notebook, index of the code cell among cells, index of the image in that cell's outputs) -> file name
 NOTEBOOK_IMAGES = {
+    ("async_study.ipynb", 10, 0): "async_study_entropy.png",
     ("offline_tradeoff.ipynb", 5, 0): "offline_tradeoff.png",
     ("selector_ablation.ipynb", 8, 0): "selector_ablation_entropy.png",
     ("selector_ablation.ipynb", 10, 0): "selector_ablation_mechanism.png",

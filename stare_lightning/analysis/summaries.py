@@ -13,23 +13,24 @@ from pathlib import Path
 
 from stare_lightning.analysis.runs import METRICS_FILE, arm_label, load_run
 
-# Columns the figures and diagnoses read; a summary keeps these only (pooled validation metrics; maj@n per benchmark).
+# Columns the figures and diagnoses read; a summary keeps these only (pooled validation metrics; maj@n per benchmark;
+# with asynchronous rollouts the samples' staleness, the behaviour-to-current log-prob gap and where the time went).
 _PLOTTED = re.compile(
     r"(train/(entropy(/.*)?|stare/.*|reward/mean|response_length/mean|distinct_correct|quadrant/.*|grad_norm|"
-    r"reflection/.*|frac_zero_std_groups|time/step_s|memory/.*)"
+    r"reflection/.*|frac_zero_std_groups|time/.*|memory/.*|async/.*|rollout/logprob_abs_diff/.*)"
     r"|val/(avg@\w+|pass@\w+|[^/]+/maj@\w+|distinct_correct|response_length/mean|reflection/per_response))"
 )
 
 
 def write_summary(run_dir: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None) -> Path:
     """A small copy of a run for committing beside a notebook: one row per step, the plotted columns only,
-    values to 6 significant digits, and ``hparams.yaml`` holding the run's name, seed and algorithm settings
-    (what ``stare_lightning.analysis.compare`` groups runs by). Returns ``out_dir``."""
+    values to 6 significant digits, and ``hparams.yaml`` holding the run's name, seed, algorithm settings (what
+    ``stare_lightning.analysis.compare`` groups runs by) and rollout settings. Returns ``out_dir``."""
     import yaml
 
     df = load_run(run_dir)
     logged = yaml.safe_load(hparams.read_text()) if (hparams := Path(run_dir) / "hparams.yaml").is_file() else {}
-    kept = {key: logged[key] for key in ("seed", "algorithm") if key in (logged or {})}
+    kept = {key: logged[key] for key in ("seed", "algorithm", "rollout") if key in (logged or {})}
     keep = [c for c in df.columns if _PLOTTED.fullmatch(c) and df[c].notna().any()]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
