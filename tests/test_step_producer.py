@@ -3,7 +3,8 @@
 published, ``drain`` leaves the servers on the newest version, and a failure reaches the trainer.
 
 The servers are replaced by an engine that records what it was sent; ``tests/test_fit_server.py`` runs the producer
-against real vLLM servers."""
+against real vLLM servers. Over two gloo ranks, with dynamic sampling's global filter in the producer's thread, a
+rank left with no group of its own still trains on every batch and joins every collective."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from stare_lightning.step.producer import RolloutProducer
+from tests.test_step_collect import ALL_RIGHT, ALL_WRONG, MIXED, N, ScriptedEngine, _item
 
 
 class RecordingEngine:
@@ -179,3 +181,84 @@ def test_the_version_the_servers_start_with_is_not_pushed_again():
     )
     trainer.run(range(3, 6))
     assert [name for name, _ in trainer.engine.pushes] == ["v4"]  # batches 3 and 4 come from version 3
+
+
+# Two ranks, two prompts each per batch; dynamic sampling over one generation batch (no refill). Batch 0: rank 1's
+# own groups all agree (filtered out), yet the global filter keeps a and b and deals one to each rank. Batch 1: only
+# g survives, so rank 1 is dealt nothing. Batch 2: nothing survives anywhere.
+FILTERED_SCRIPT = {
+    (0, "a"): MIXED, (0, "b"): MIXED, (0, "c"): ALL_WRONG, (0, "d"): ALL_WRONG,
+    (1, "e"): ALL_RIGHT, (1, "f"): ALL_RIGHT, (1, "g"): MIXED, (1, "h"): ALL_WRONG,
+    (2, "i"): ALL_WRONG, (2, "j"): ALL_RIGHT, (2, "k"): ALL_WRONG, (2, "l"): ALL_WRONG,
+}  # fmt: skip
+FILTERED_PROMPTS = ["abcd", "efgh", "ijkl"]
+
+
+class ScriptedServers(ScriptedEngine):
+    """The scripted engine, standing in for the servers: it takes pushes as the producer sends them."""
+
+    def gather_weights(self, model):
+        return [p.detach().clone() for p in model.parameters()]
+
+    def push(self, weights, version=None):
+        return version
+
+    def expect_version(self, version):
+        pass
+
+
+def produce_with_a_rank_filtered_out(rank: int, world: int) -> list[tuple[int, list[str], float, float]]:
+    """The producer (K = 1, its collectives on a side group) and a trainer loop whose update is a collective on the
+    default group; per batch: its version, this rank's kept prompt ids, its advantages' largest magnitude and the
+    rows every rank trained on between them."""
+    from stare_lightning import distributed
+    from stare_lightning.algorithms import AlgorithmConfig
+    from stare_lightning.rewards import VerifierPool
+    from stare_lightning.rollout.base import SamplingParams
+    from stare_lightning.step.collect import collect
+
+    cfg = AlgorithmConfig(collection={"dynamic_sampling": True, "max_generation_batches": 1})
+    model = torch.nn.Linear(2, 1, bias=False)
+    engine = ScriptedServers(FILTERED_SCRIPT)
+    with VerifierPool() as pool:
+
+        def collect_batch(b):
+            prompts = FILTERED_PROMPTS[b][rank * 2 : rank * 2 + 2]
+            params = SamplingParams(n=N, max_new_tokens=8)
+            got = collect([_item(x) for x in prompts], engine, pool, params, cfg.collection, cfg.advantage,
+                          pad_token_id=0, seed=b)  # fmt: skip
+            return got, list(prompts)
+
+        producer = RolloutProducer(
+            collect_batch, engine, max_staleness=1, first=0, last=3, group=distributed.new_side_group()
+        )
+        producer.publish(0, model)
+        seen = []
+        for b in range(3):
+            got = producer.take(b).produced
+            batch = got.collection.batch
+            rows = distributed.all_reduce(torch.tensor(float(batch.num_rows)))  # the update's collectives
+            seen.append((got.version, [item["id"] for item in got.collection.items],
+                         batch.advantages.abs().max().item(), rows.item()))  # fmt: skip
+            model.weight.data.add_(1.0)
+            producer.publish(b + 1, model)
+        producer.close()
+    return seen
+
+
+@pytest.mark.slow
+def test_a_rank_whose_groups_were_all_filtered_out_joins_every_collective(tmp_path):
+    """Asynchronous collection over two gloo ranks: whatever dynamic sampling leaves a rank, the rank trains on every
+    batch (on a dealt share, or on its own last groups at zero advantage) and both ranks take every step."""
+    from tests.distributed import run_on_ranks
+
+    ranks = run_on_ranks(produce_with_a_rank_filtered_out, tmp_path)
+    versions = [[v for v, *_ in ranks[r]] for r in (0, 1)]
+    assert versions == [[0, 0, 1]] * 2  # batch b from version max(0, b - 1) on both ranks
+    kept = [[ids for _, ids, *_ in ranks[r]] for r in (0, 1)]
+    # Batch 0: a and b dealt one each (rank 1's own c and d were filtered out); batch 1: g to rank 0, and rank 1
+    # keeps its own g and h at zero advantage; batch 2: each rank its own groups at zero advantage.
+    assert kept == [[["a"], ["g"], ["i", "j"]], [["b"], ["g", "h"], ["k", "l"]]]
+    signal = [[peak > 0 for _, _, peak, _ in ranks[r]] for r in (0, 1)]
+    assert signal == [[True, True, False], [True, False, False]]
+    assert [rows for *_, rows in ranks[0]] == [2 * N, 3 * N, 4 * N] == [rows for *_, rows in ranks[1]]
