@@ -4,7 +4,7 @@
 # rollout.max_staleness=K for K in 0, 1, 2, 4, for GRPO-ds and STARE-O1, with the decoupled correction (the clip
 # against the trainer's own log-probs at the step's start, the behaviour-to-proximal ratio masked above its cap:
 # algorithm.mismatch.correction=token, mode=mask), plus STARE-O1 at K=4 without any correction; seeds 1, 2, 3:
-# 27 jobs, each its own resumable process (scripts/study_jobs.sh), 6-9 minutes each on an otherwise idle 2-core CPU
+# 27 jobs, each its own resumable process (scripts/study_jobs.sh), 5-9 minutes each on an otherwise idle 2-core CPU
 # (the launched server's threads spin: other work on the same cores crawls). Then the summaries
 # notebooks/async_study.ipynb reads, and the seed statistics paired against each algorithm's K=0 arm.
 #   scripts/async_study.sh [directory (default multirun/async_study)]

@@ -138,8 +138,8 @@ def shown_images(nb) -> list:
 COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
     "async_study.ipynb": (
         "data/async_study",
-        [f"{arm}_k{k}_seed1" for arm in ("grpo_ds", "stare_o1") for k in (0, 1, 2, 4)]
-        + ["stare_o1_k4_uncorrected_seed1"],
+        [f"{arm}_k{k}_seed{seed}" for arm in ("grpo_ds", "stare_o1") for k in (0, 1, 2, 4) for seed in (1, 2, 3)]
+        + [f"stare_o1_k4_uncorrected_seed{seed}" for seed in (1, 2, 3)],
         1,
     ),
     "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
