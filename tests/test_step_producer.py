@@ -194,17 +194,12 @@ FILTERED_SCRIPT = {
 FILTERED_PROMPTS = ["abcd", "efgh", "ijkl"]
 
 
-class ScriptedServers(ScriptedEngine):
-    """The scripted engine, standing in for the servers: it takes pushes as the producer sends them."""
+class ScriptedServers(ScriptedEngine, RecordingEngine):
+    """The scripted engine, standing in for the servers: it records pushes as ``RecordingEngine`` does."""
 
-    def gather_weights(self, model):
-        return [p.detach().clone() for p in model.parameters()]
-
-    def push(self, weights, version=None):
-        return version
-
-    def expect_version(self, version):
-        pass
+    def __init__(self, script: dict[tuple[int, str], list[str]]) -> None:
+        ScriptedEngine.__init__(self, script)
+        RecordingEngine.__init__(self)
 
 
 def produce_with_a_rank_filtered_out(rank: int, world: int) -> list[tuple[int, list[str], float, float]]:
