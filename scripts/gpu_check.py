@@ -1,0 +1,212 @@
+"""One prepared check of the GPU paths, for a bare GPU machine with no network (scripts/gpu_check.sh runs it).
+
+Steps, each a child process with its own time limit, each reported whether or not another failed:
+  environment    interpreter, torch, CUDA, the device; the carried packages import, at versions pyproject.toml allows
+  correctness    STARE weights, the policy loss and its gradient, the fused LM head, telemetry on the device
+                 against float64 on the CPU (scripts/gpu_check_tensors.py)
+  fit_gpu        a tiny-model fit, trainer=gpu rollout=hf
+  fit_fsdp_bf16  trainer=fsdp on one device (an NCCL process group) in bf16 with fp32 master weights and the memory
+                 levers on (fused LM head, gradient checkpointing, packed micro-batches); it writes a checkpoint
+  resume         the same run resumed from that checkpoint for one more step
+  fit_fsdp_fp16  trainer=fsdp_fp16: fp16 compute with the dynamic loss scale (skipped steps and last scale reported)
+  performance    update tokens/s, MFU and peak memory of a Qwen2.5-1.5B-shaped model, HF generation tokens/s
+                 (scripts/gpu_check_perf.py)
+Results go to OUT/gpu_check.json and a short OUT/gpu_check.md; each step's output to OUT/logs/<step>.log.
+
+With --cpu-dry-run every step runs on the CPU at tiny sizes (seconds), so the check is exercised by the test suite;
+fp16 fits need a GPU (the project refuses them on CPUs), so that step is reported as skipped there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Step name -> time limit on a GPU, in seconds: 470 s if every step ran to its limit, under the 8 minutes a check
+# may take so that a rerun fits a 15-minute loan.
+STEPS = {
+    "environment": 30,
+    "correctness": 60,
+    "fit_gpu": 70,
+    "fit_fsdp_bf16": 70,
+    "resume": 50,
+    "fit_fsdp_fp16": 70,
+    "performance": 120,
+}
+DRY_RUN_LIMIT_S = 120
+FIT = ["debug=fast", "rollout=hf", "validation.before_fit=false", "trainer.max_steps=3", "summary=false",
+       "logger=csv"]  # fmt: skip
+LEVERS = ["forward.fused_lm_head=true", "model.gradient_checkpointing=true", "forward.packed_sequences=true",
+          "telemetry.same_batch_entropy=false"]  # fmt: skip
+METRIC_COLUMNS = {
+    "loss": "train/loss",
+    "entropy": "train/entropy",
+    "reward": "train/reward/mean",
+    "step_s": "train/time/step_s",
+    "peak_gib": "train/memory/peak_gib",
+    "nonfinite_skipped": "train/nonfinite_skipped",
+    "loss_scale": "train/loss_scale",
+}
+
+
+def fit_overrides(step: str, dry_run: bool) -> list[str] | None:
+    """The fit's overrides for ``step``; None where the step cannot run on this kind of machine."""
+    device = ["trainer.accelerator=cpu"] if dry_run else ["trainer.accelerator=gpu"]
+    cold_start = ["model.cold_start.steps=5"] if dry_run else ["model.cold_start.steps=150"]
+    fsdp = ["trainer=fsdp", "trainer.devices=1", *device, *cold_start]
+    return {
+        "fit_gpu": ["trainer=gpu", *device, *cold_start],
+        "fit_fsdp_bf16": [*fsdp, "trainer.max_steps=2", *LEVERS],
+        "resume": [*fsdp, "trainer.max_steps=3", "ckpt_path=last", *LEVERS],
+        "fit_fsdp_fp16": None if dry_run else ["trainer=fsdp_fp16", "trainer.devices=1", *device, *cold_start],
+    }[step]
+
+
+def _metrics(run_dir: Path) -> dict:
+    rows = [r for r in csv.DictReader(open(run_dir / "logs" / "metrics.csv")) if r.get("train/loss")]
+    last = {name: float(rows[-1][column]) for name, column in METRIC_COLUMNS.items() if rows and rows[-1].get(column)}
+    return {"steps_logged": [int(r["step"]) for r in rows], "last": last}
+
+
+def run_fit(step: str, out: Path, dry_run: bool) -> dict:
+    overrides = fit_overrides(step, dry_run)
+    if overrides is None:
+        return {"status": "skipped", "reason": "fp16 needs a GPU: the project refuses param_dtype=float16 on CPUs"}
+    run_dir = out / "runs" / ("fit_fsdp_bf16" if step == "resume" else step)
+    command = [sys.executable, "-m", "stare_lightning", "fit", *FIT, *overrides, f"output_dir={run_dir}",
+               f"hydra.run.dir={run_dir}/hydra"]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    print(" ".join(command[1:]), proc.stdout[-4000:], proc.stderr[-8000:], sep="\n")
+    if proc.returncode != 0:
+        raise RuntimeError(f"the fit exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    return {"overrides": overrides, "wall_s": wall, **_metrics(run_dir),
+            "checkpoint": (run_dir / "checkpoints" / "last.ckpt").exists()}  # fmt: skip
+
+
+def run_environment(dry_run: bool) -> dict:
+    import importlib.metadata
+
+    import torch
+    from packaging.requirements import Requirement
+
+    from scripts.gpu_packages import project_requirements
+
+    outside = {}
+    for requirement in project_requirements():
+        version = importlib.metadata.version(requirement.name)
+        if not requirement.specifier.contains(version, prereleases=True):
+            outside[requirement.name] = f"{version} not in {requirement.specifier}"
+    import hydra  # noqa: F401  (the carried packages import)
+    import math_verify  # noqa: F401
+    import omegaconf  # noqa: F401
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not dry_run:
+        raise RuntimeError("torch sees no CUDA device")
+    report = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+              "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "packages": {Requirement(r).name: importlib.metadata.version(Requirement(r).name)
+                           for r in ("lightning", "transformers", "torchmetrics", "hydra-core", "omegaconf",
+                                     "math-verify")}}  # fmt: skip
+    if cuda:
+        report["device_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if outside:
+        raise RuntimeError(f"installed versions outside pyproject.toml's ranges: {outside}")
+    return report
+
+
+def run_step(step: str, out: Path, dry_run: bool) -> dict:
+    """One step, in this process (a child of the orchestrator)."""
+    import torch
+
+    device = torch.device("cpu" if dry_run else "cuda")
+    if step == "environment":
+        return run_environment(dry_run)
+    if step == "correctness":
+        from scripts import gpu_check_tensors as tensors
+
+        report = tensors.run(device, tensors.DRY_RUN_SIZES if dry_run else tensors.GPU_SIZES)
+        if not report["passed"]:
+            raise RuntimeError(f"a device result is outside its tolerance: {json.dumps(report)}")
+        return report
+    if step == "performance":
+        from scripts import gpu_check_perf as perf
+
+        return perf.run(device, perf.DRY_RUN_SIZES if dry_run else perf.GPU_SIZES)
+    return run_fit(step, out, dry_run)
+
+
+def _in_child(step: str, out: Path, dry_run: bool, limit: float) -> dict:
+    """Run ``step`` as a child process group, killed whole past ``limit``; its output goes to OUT/logs/<step>.log."""
+    result_file = out / "logs" / f"{step}.json"
+    command = [sys.executable, __file__, "--step", step, "--out", str(out), "--result", str(result_file)]
+    command += ["--cpu-dry-run"] if dry_run else []
+    started = time.perf_counter()
+    with open(out / "logs" / f"{step}.log", "w") as log:
+        child = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = None
+    seconds = time.perf_counter() - started
+    if code is None:
+        return {"status": "timeout", "seconds": seconds, "error": f"killed after {limit:.0f} s"}
+    if result_file.exists():
+        return {"seconds": seconds, **json.loads(result_file.read_text())}
+    tail = (out / "logs" / f"{step}.log").read_text().strip().splitlines()[-3:]
+    return {"status": "failed", "seconds": seconds, "error": f"exit code {code}: {' | '.join(tail)}"}
+
+
+def _child_main(step: str, out: Path, dry_run: bool, result_file: Path) -> None:
+    try:
+        result = run_step(step, out, dry_run)
+        result = result if result.get("status") == "skipped" else {"status": "ok", "results": result}
+    except Exception as error:  # the orchestrator reports it and goes on with the next step
+        import traceback
+
+        traceback.print_exc()
+        result = {"status": "failed", "error": f"{type(error).__name__}: {str(error)[:2000]}"}
+    result_file.write_text(json.dumps(result, indent=2, default=str))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-dry-run", action="store_true", help="every step on the CPU at tiny sizes")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "outputs" / "gpu_check"))
+    parser.add_argument("--steps", nargs="*", choices=list(STEPS), default=list(STEPS))
+    parser.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = args.out.resolve()
+    if args.step:
+        return _child_main(args.step, out, args.cpu_dry_run, args.result)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    report = {"dry_run": args.cpu_dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "steps": {}}
+    for step in args.steps:
+        limit = DRY_RUN_LIMIT_S if args.cpu_dry_run else STEPS[step]
+        report["steps"][step] = result = _in_child(step, out, args.cpu_dry_run, limit)
+        print(f"[gpu_check] {step}: {result['status']} ({result['seconds']:.1f} s)", flush=True)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    from scripts.gpu_check_report import write_markdown
+
+    (out / "gpu_check.md").write_text(write_markdown(report))
+    print(f"[gpu_check] {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
+    if any(r["status"] not in ("ok", "skipped") for r in report["steps"].values()):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))  # `scripts.*` and the project, from the checkout
+    main()
