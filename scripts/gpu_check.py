@@ -94,6 +94,7 @@ def run_fit(step: str, out: Path, dry_run: bool) -> dict:
 
 
 def run_environment(dry_run: bool) -> dict:
+    import ctypes.util
     import importlib.metadata
 
     import torch
@@ -118,6 +119,8 @@ def run_environment(dry_run: bool) -> dict:
               "packages": {Requirement(r).name: importlib.metadata.version(Requirement(r).name)
                            for r in ("lightning", "transformers", "torchmetrics", "hydra-core", "omegaconf",
                                      "math-verify")}}  # fmt: skip
+    # The verifier worker confines itself with a seccomp filter that libseccomp builds: without it every fit fails.
+    report["libseccomp"] = ctypes.util.find_library("seccomp")
     if cuda:
         report["device_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     if outside:
