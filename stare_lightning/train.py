@@ -120,10 +120,16 @@ def _setup(cfg: RunConfig):
 
         check_running_servers(cfg.rollout)
     model_dir = prepare_model(cfg, datamodule, tool)
-    datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
+    return build_module(cfg, model_dir, datamodule, tool), datamodule
+
+
+def build_module(cfg: RunConfig, model_dir: Path, datamodule: PromptDataModule, tool: Tool | None):
+    """The LightningModule for the model in ``model_dir``, validating on ``datamodule``'s benchmarks; the data
+    module gets the model's tokenizer. The one place a command builds it (``fit``, ``validate``, ``evaluate``)."""
     from stare_lightning.module import STAREModule
 
-    return STAREModule.from_config(cfg, str(model_dir), datamodule.val_benchmarks(), tool=tool), datamodule
+    datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
+    return STAREModule.from_config(cfg, str(model_dir), datamodule.val_benchmarks(), tool=tool)
 
 
 def _checkpoint_path(cfg: RunConfig) -> str | None:

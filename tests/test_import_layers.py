@@ -1,11 +1,12 @@
 """The package's import graph: no cycle among its modules, and no import that goes up the layers written down here.
 
 Every import statement counts, at module level and inside functions (an import in a function runs as surely as one
-at the top, only later); imports under ``if TYPE_CHECKING:`` never run and are left out. ``from pkg import name``
-is an edge to ``pkg.name`` when that is a module of the package, else to ``pkg`` itself. A package's lazy exports
-(``lazy_exports(__name__, {name: module})``) are edges to the modules they name: asking for the name imports them.
-Importing a submodule also runs its parents' ``__init__``, which is not counted: it would tie every package to its
-own ``__init__`` both ways.
+at the top, only later). Imports under ``if TYPE_CHECKING:`` never run and are left out of the layers, but not of the
+cycles: two modules that name each other's types cannot be read or moved apart, whether or not the import runs.
+``from pkg import name`` is an edge to ``pkg.name`` when that is a module of the package, else to ``pkg`` itself. A
+package's lazy exports (``lazy_exports(__name__, {name: module})``) are edges to the modules they name: asking for
+the name imports them. Importing a submodule also runs its parents' ``__init__``, which is not counted: it would tie
+every package to its own ``__init__`` both ways.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # entry here that no longer matches a cycle of the code.
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
+# Modules that only the modules listed may import, each with the reason. The LightningModule is assembled from the
+# composed config in one place (``train.py``: data first, then the tool, the model, the module), so that ``fit``,
+# ``validate`` and ``evaluate`` cannot drift apart in how they build it; a command that needs one asks ``train``.
+ONLY_IMPORTED_BY: dict[str, frozenset[str]] = {
+    "stare_lightning.module": frozenset({"stare_lightning.train"}),
+}
+
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -63,15 +71,16 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST):
-    """Every Import/ImportFrom node, at any depth, but for those under ``if TYPE_CHECKING:``."""
+def _import_nodes(tree: ast.AST, type_checking: bool = False):
+    """Every Import/ImportFrom node, at any depth, but for those under ``if TYPE_CHECKING:`` (kept with
+    ``type_checking``)."""
     pending = [tree]
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         children = list(ast.iter_child_nodes(node))
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             children = node.orelse
         pending.extend(children)
 
@@ -107,13 +116,14 @@ def _lazy_exports(tree: ast.Module, package: str) -> list[str]:
     return found
 
 
-def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package's modules that module ``name`` (at ``path``) imports."""
+def imports_of(name: str, path: Path, known: dict[str, Path], type_checking: bool = False) -> set[str]:
+    """The package's modules that module ``name`` (at ``path``) imports (and names for typing, with
+    ``type_checking``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     top = name.split(".")[0]
     tree = ast.parse(path.read_text(), filename=str(path))
     targets = _lazy_exports(tree, package)
-    for node in _import_nodes(tree):
+    for node in _import_nodes(tree, type_checking):
         if isinstance(node, ast.Import):
             targets += [alias.name for alias in node.names]
         else:
@@ -130,9 +140,10 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE, type_checking: bool = False) -> dict[str, set[str]]:
+    """``module -> the package's modules it imports``; with ``type_checking``, type-only imports too."""
     known = modules(root)
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+    return {name: imports_of(name, path, known, type_checking) for name, path in known.items()}
 
 
 def layer_of(name: str, layers=LAYERS) -> int | None:
@@ -159,6 +170,16 @@ def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
             if low is not None and high is not None and high > low:
                 found.append(f"{source} ({names[low]}) imports {target} ({names[high]})")
     return found
+
+
+def restricted_imports(graph: dict[str, set[str]], only_imported_by=ONLY_IMPORTED_BY) -> list[str]:
+    """Imports of a module of ``only_imported_by`` from a module it does not list."""
+    return [
+        f"{source} imports {target}"
+        for source, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if target in only_imported_by and source not in only_imported_by[target]
+    ]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -206,8 +227,13 @@ def test_no_import_goes_up_the_layers():
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
 
 
+def test_the_module_is_imported_only_where_allowed():
+    found = restricted_imports(import_graph(type_checking=True))
+    assert not found, f"imports that ONLY_IMPORTED_BY in {Path(__file__).name} rules out:\n" + "\n".join(found)
+
+
 def test_no_import_cycle():
-    found = cycles(import_graph())
+    found = cycles(import_graph(type_checking=True))
     new = [cycle for cycle in found if frozenset(cycle) not in KNOWN_CYCLES]
     assert not new, "import cycles:\n" + "\n".join(" <-> ".join(cycle) for cycle in new)
     gone = [sorted(cycle) for cycle in KNOWN_CYCLES if sorted(cycle) not in found]
@@ -241,6 +267,9 @@ def test_the_checker_sees_function_level_relative_and_aliased_imports_and_skips_
             "if TYPE_CHECKING:\n    from pkg.high import helpers\n"
             "if typing.TYPE_CHECKING:\n    import pkg.high.a\nelse:\n    from pkg.low import base\n"
         ),
+        # A cycle through a type-only import: seen only when type-only imports count.
+        "low/watch.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.low.pool import Result\n",
+        "low/pool.py": "from pkg.low.watch import Watch\n",
     }
     for relative, text in files.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -252,6 +281,10 @@ def test_the_checker_sees_function_level_relative_and_aliased_imports_and_skips_
     assert graph["pkg.low"] == {"pkg.low.base"}
     assert graph["pkg.high"] == {"pkg.lazy_exports", "pkg.low.late", "pkg.low.base"}
     assert cycles(graph) == [["pkg.high.a", "pkg.high.b"]]
+    typed = import_graph(root, type_checking=True)
+    assert typed["pkg.low.typed"] == {"pkg.low.base", "pkg.high.helpers", "pkg.high.a"}
+    assert cycles(typed) == [["pkg.high.a", "pkg.high.b"], ["pkg.low.pool", "pkg.low.watch"]]
+    assert restricted_imports(typed, {"pkg.high.a": frozenset({"pkg.high.b"})}) == ["pkg.low.typed imports pkg.high.a"]
     layers = [("low", ("pkg", "low", "lazy_exports")), ("high", ("high",))]
     assert upward_imports(graph, layers) == ["pkg.low.late (low) imports pkg.high.helpers (high)"]
     assert layer_of("pkg.high.a", layers) == 1 and layer_of("pkg", layers) == 0 and layer_of("other", layers) is None

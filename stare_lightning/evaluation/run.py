@@ -58,17 +58,14 @@ def evaluate(cfg: RunConfig) -> dict:
 
 def _run(cfg: RunConfig, datamodule, todo: list[str]) -> list[dict]:
     """Generate and score the benchmarks in ``todo``; every rank returns every rank's samples."""
-    from transformers import AutoTokenizer
-
     from stare_lightning.config.instantiate import safe_instantiate
-    from stare_lightning.module import STAREModule
     from stare_lightning.tools import build_tool_from_config
+    from stare_lightning.train import build_module
 
     datamodule.val_records = [r for r in datamodule.val_records if r.metadata["data_source"] in todo]
     tool = build_tool_from_config(cfg.tools)  # a missing or broken sandbox fails before the model
     model_dir = _model_dir(cfg, datamodule, tool)
-    datamodule.set_tokenizer(AutoTokenizer.from_pretrained(model_dir))
-    module = STAREModule.from_config(cfg, str(model_dir), todo, tool=tool)
+    module = build_module(cfg, model_dir, datamodule, tool)
     recorder = SampleRecorder(todo)
     trainer = safe_instantiate(
         {**dict(cfg.trainer), "enable_checkpointing": False, "enable_progress_bar": False},

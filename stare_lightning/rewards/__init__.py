@@ -11,7 +11,7 @@ Score through :class:`VerifierPool` in training: it is the only place with a har
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "ScoreResult": ".pool",
+    "ScoreResult": ".message_watch",
     "VerifierPool": ".pool",
     "check_record": ".registry",
     "get_verifier": ".registry",

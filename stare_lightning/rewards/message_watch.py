@@ -15,15 +15,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from stare_lightning.rewards import worker_protocol
 from stare_lightning.rewards.worker_protocol import FAILED, SCORED, UNSCORED, MalformedMessage, TrainerEnd
 
-if TYPE_CHECKING:
-    from stare_lightning.rewards.pool import ScoreResult
+__all__ = ["Compromised", "Message", "MessageWatch", "ScoreResult", "SharedScores"]
 
-__all__ = ["Compromised", "Message", "MessageWatch", "SharedScores"]
+_MAX_MESSAGES = 20
+
+
+@dataclass
+class ScoreResult:
+    """Scores in input order; ``timeouts`` and ``errors`` count the items that scored 0 for those reasons."""
+
+    scores: list[float]
+    timeouts: int = 0
+    errors: int = 0
+    messages: list[str] = field(default_factory=list)  # the first few timeouts / errors, for logs
+
+    def note(self, text: str) -> None:
+        """Keep ``text`` among ``messages`` unless there are enough already."""
+        if len(self.messages) < _MAX_MESSAGES:
+            self.messages.append(text)
 
 
 class Compromised(Exception):

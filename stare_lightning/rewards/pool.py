@@ -49,38 +49,21 @@ import time
 import types
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from stare_lightning.rewards import worker, worker_protocol
 from stare_lightning.rewards.confinement import Confinement, worker_environment
-from stare_lightning.rewards.message_watch import Compromised, Message, MessageWatch, SharedScores
+from stare_lightning.rewards.message_watch import Compromised, Message, MessageWatch, ScoreResult, SharedScores
 from stare_lightning.rewards.worker_protocol import MalformedMessage, TrainerEnd
 
 log = logging.getLogger(__name__)
 
 Item = tuple  # (verifier_name: str, response: str, answer: str, metadata: dict)
 
-_MAX_MESSAGES = 20
 _STOP_GRACE_S = 2.0  # the supervisor kills and reaps the worker on SIGTERM within milliseconds
 # Default budget of one score() call: honest items take milliseconds (math-verify: ~3 ms median, ~0.2 s at worst on
 # a cold cache; countdown: ~30 us), so 50 ms each is ten times the usual cost, and the fixed 60 s pays for a worker
 # start with its sympy import (2-5 s) plus about ten items that run into the default 5 s per-item limit.
 BATCH_BUDGET_BASE_S, BATCH_BUDGET_PER_ITEM_S = 60.0, 0.05
-
-
-@dataclass
-class ScoreResult:
-    """Scores in input order; ``timeouts`` and ``errors`` count the items that scored 0 for those reasons."""
-
-    scores: list[float]
-    timeouts: int = 0
-    errors: int = 0
-    messages: list[str] = field(default_factory=list)  # the first few timeouts / errors, for logs
-
-    def note(self, text: str) -> None:
-        """Keep ``text`` among ``messages`` unless there are enough already."""
-        if len(self.messages) < _MAX_MESSAGES:
-            self.messages.append(text)
 
 
 @contextlib.contextmanager
