@@ -1,7 +1,7 @@
 """The site's and the README's figures, from committed data only: run logs under notebooks/data and the images the
 committed, executed notebooks hold. Nothing is trained or re-executed.
 
-    .venv/bin/python docs/_tools/figures.py     # writes docs/assets/figures/*.png
+    python docs/_tools/figures.py     # writes docs/assets/figures/*.png
 
 Run it again after a study's data or notebook changes; the PNGs are committed so that the README shows its figure
 where the site is not built.
