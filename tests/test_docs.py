@@ -130,3 +130,15 @@ def test_readme_is_short_and_its_links_and_figure_exist():
     assert "docs/assets/figures/entropy_grpo_vs_stare.png" in local
     missing = [t for t in local if not (REPO / t).is_file()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_layout_page_names_every_module_of_the_packages_it_lists_file_by_file():
+    """docs/concepts/layout.md lists the top-level modules and the files of step/, rollout/ and rollout/server/ one
+    by one: a module added there without a line on that page fails here."""
+    layout = (REPO / "docs" / "concepts" / "layout.md").read_text()
+    package = REPO / "stare_lightning"
+    listed = [*package.glob("*.py"), *(package / "step").glob("*.py"), *(package / "rollout").rglob("*.py")]
+    missing = sorted(
+        str(path.relative_to(package)) for path in listed if path.name != "__init__.py" and path.name not in layout
+    )
+    assert not missing, f"modules docs/concepts/layout.md does not name: {missing}"

@@ -5,8 +5,8 @@ Each part is a ``Registry``; an implementation is a function registered under th
 ``algorithm.stare.selector``). Adding one is the function, its ``@REGISTRY.register("name")`` line, and a YAML
 file in ``conf/algorithm`` that selects it: the config check and the dispatch read the registry, so nothing else
 changes. An entry with settings of its own reads them from its node of the sub-group (e.g.
-``algorithm.entropy_control.clip_cov``), whose schema sits with the others in ``algorithms/config.py`` so that
-reading the schema imports no implementation.
+``algorithm.entropy_control.clip_cov``), whose schema (a ``*Settings`` dataclass) sits with the other sub-groups in
+``algorithms/config_groups.py``, so that reading the schema imports no implementation.
 """
 
 from __future__ import annotations
