@@ -142,3 +142,42 @@ def test_the_layout_page_names_every_module_of_the_packages_it_lists_file_by_fil
         str(path.relative_to(package)) for path in listed if path.name != "__init__.py" and path.name not in layout
     )
     assert not missing, f"modules docs/concepts/layout.md does not name: {missing}"
+
+
+STUDIES = {"async.md": "async_study", "offline.md": "offline_tradeoff", "tool-use.md": "tool_countdown"}
+STUDIES["smollm2.md"] = "smollm2_study"
+UNCORRECTED, OFFLINE_GRPO = "stare_o1_k4_uncorrected", "default/grpo_ds"
+
+
+@pytest.mark.parametrize(
+    ("page", "arm", "baseline", "outcome", "val_tail", "quoted"),
+    [
+        ("async.md", "stare_o1_k4", "stare_o1_k0", "val_avg@n", 3, "-0.069 [-0.137, -0.001]"),
+        ("async.md", "stare_o1_k4", "stare_o1_k0", "val_avg@n", 1, "-0.052 [-0.126, +0.022]"),
+        ("async.md", "grpo_ds_k4", "grpo_ds_k0", "val_avg@n", 1, "-0.126 [-0.295, +0.042]"),
+        ("async.md", "grpo_ds_k4", "grpo_ds_k0", "val_pass@4", 1, "-0.172 [-0.211, -0.133]"),
+        ("async.md", UNCORRECTED, "stare_o1_k4", "val_avg@n", 1, "-0.049 [-0.086, -0.013]"),
+        ("async.md", UNCORRECTED, "stare_o1_k4", "val_pass@4", 1, "-0.109 [-0.148, -0.071]"),
+        ("offline.md", "stare_c2", OFFLINE_GRPO, "val_pass@4", 1, "+0.229 [+0.054, +0.404]"),
+        ("offline.md", "stare_o1_w2/stare_o1", OFFLINE_GRPO, "val_pass@4", 1, "+0.167 [+0.048, +0.285]"),
+        ("offline.md", "stare_o1_adaptive", OFFLINE_GRPO, "val_pass@4", 1, "+0.177 [+0.015, +0.339]"),
+        ("offline.md", "default/stare_o1", OFFLINE_GRPO, "val_pass@4", 1, "+0.182 [-0.070, +0.435]"),
+        ("tool-use.md", "stare_o1", "grpo_ds", "val_avg@n", 3, "-0.034 [-0.050, -0.017]"),
+        ("tool-use.md", "stare_o1", "grpo_ds", "val_avg@n", 1, "+0.021 [-0.400, +0.443]"),
+        ("smollm2.md", "stare_o1", "grpo_ds", "val_avg@n", 1, "-0.008 [-0.033, +0.016]"),
+        ("smollm2.md", "stare_c2", "grpo_ds", "val_avg@n", 1, "-0.009 [-0.037, +0.018]"),
+        ("smollm2.md", "stare_o1_adaptive", "grpo_ds", "val_avg@n", 1, "-0.008 [-0.038, +0.022]"),
+    ],
+)
+def test_the_results_pages_quote_both_evaluation_windows_from_the_committed_summaries(
+    page, arm, baseline, outcome, val_tail, quoted
+):
+    """A paired difference a results page quotes under a given validation window (``val_tail``: the last three
+    validations, or the final one alone), computed again from the summaries committed under notebooks/data."""
+    from stare_lightning.analysis.compare import find_runs, seed_statistics
+
+    runs = [run for run in find_runs(REPO / "notebooks" / "data" / STUDIES[page]) if run.arm in (arm, baseline)]
+    stats = seed_statistics(runs, baseline=baseline, val_tail=val_tail).set_index(["arm", "outcome"])
+    row = stats.loc[(arm, outcome)]
+    assert f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]" == quoted
+    assert quoted in " ".join((REPO / "docs" / "results" / page).read_text().split()), f"{page} does not quote {quoted}"

@@ -77,15 +77,16 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return mean, sd
 
 
-def seed_statistics(runs: list[Run], baseline: str | None = None, tail: int = 50):
+def seed_statistics(runs: list[Run], baseline: str | None = None, tail: int = 50, val_tail: int = 3):
     """One row per (arm, outcome): seeds, mean, sd, and the paired difference to ``baseline`` with its 95% interval.
 
     ``baseline``: an arm name, or the one ending in ``grpo_ds`` when None (no paired columns without one).
-    Pairs are the seeds both arms ran; the interval needs two of them.
+    Pairs are the seeds both arms ran; the interval needs two of them. ``tail`` and ``val_tail`` are the windows of
+    ``run_outcomes`` (``val_tail=1``: the final validation alone).
     """
     import pandas as pd
 
-    outcomes = {(run.arm, run.seed): run_outcomes(run.logs, tail) for run in runs}
+    outcomes = {(run.arm, run.seed): run_outcomes(run.logs, tail, val_tail) for run in runs}
     arms = sorted({run.arm for run in runs})
     if baseline is None:
         baseline = next((arm for arm in arms if arm.split("/")[-1] == DEFAULT_BASELINE), None)
@@ -178,8 +179,11 @@ def main(argv: list[str] | None = None) -> None:
         "--baseline", help=f"the arm the paired differences are taken to (default: *{DEFAULT_BASELINE})"
     )
     parser.add_argument("--tail", type=int, default=50, help="training outcomes: mean over this many last steps")
+    parser.add_argument(
+        "--val-tail", type=int, default=3, help="validation outcomes: mean over this many last validations"
+    )
     args = parser.parse_args(argv)
-    stats = seed_statistics(find_runs(args.runs), args.baseline, args.tail)
+    stats = seed_statistics(find_runs(args.runs), args.baseline, args.tail, args.val_tail)
     print(markdown_table(stats))
     if args.table:
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
