@@ -4,6 +4,11 @@ The documentation's configuration reference is generated from this, so it cannot
 is the attribute docstring written under each dataclass field, the allowed values are what the schema's own checks
 (``config/checks.py``) note while they run, and the defaults are read from the dataclasses and from the composed
 ``conf/config.yaml``. ``python -m stare_lightning.config_reference`` prints the keys as a table.
+
+The ``trainer``, ``callbacks`` and ``logger`` groups are constructor calls (``_target_`` mappings), not schema
+dataclasses: ``constructor_keys`` lists every key their option files set, with the value each option gives it and
+the meaning from the ``Args:`` section of the docstring of the class it is passed to (Lightning's own, for the
+Trainer and Lightning's callbacks and loggers), followed by the option file's comment on the line where one exists.
 """
 
 from __future__ import annotations
@@ -22,7 +27,19 @@ from omegaconf import OmegaConf
 
 from stare_lightning.config.checks import recorded_rules
 
-__all__ = ["ConfigKey", "attribute_docs", "checked_rules", "config_keys", "show"]
+__all__ = [
+    "CONSTRUCTOR_GROUPS",
+    "ConfigKey",
+    "ConstructorKey",
+    "argument_docs",
+    "attribute_docs",
+    "checked_rules",
+    "config_keys",
+    "constructor_keys",
+    "show",
+]
+
+CONSTRUCTOR_GROUPS = ("trainer", "callbacks", "logger")
 
 _INDEX = re.compile(r"\[\d+\]")
 
@@ -198,6 +215,163 @@ def config_keys() -> list[ConfigKey]:
 
     _walk(RunConfig, "", add)
     return keys
+
+
+@dataclass(frozen=True)
+class ConstructorKey:
+    """One key of a constructor group (``trainer``, ``callbacks``, ``logger``), over all of the group's options."""
+
+    key: str  # dotted, e.g. ``trainer.strategy.param_dtype`` or ``callbacks.entropy_guard.low``
+    target: str  # the class the key's value is passed to (for ``_target_``: the class it names)
+    values: dict[str, str]  # option file -> the value it sets, as YAML spells it (options that leave it unset: absent)
+    in_default_run: str | None  # the value `python -m stare_lightning fit` composes (None: not set there)
+    doc: str
+
+
+_ARGUMENT = re.compile(r"(\*{0,2}\w+)(?:\s*\([^)]*\))?:\s*(.*)")
+_ROLE = re.compile(r":(?:class|func|meth|attr|paramref|obj|mod):`~?([^`]+)`")
+_LINK = re.compile(r"`([^`<]+?)\s*<[^>]+>`_")
+
+
+def _plain(text: str) -> str:
+    """Docstring markup as Markdown: roles to the name they point at, RST links to their text, RST literals to code
+    spans."""
+    text = _ROLE.sub(lambda match: f"`{match[1].rsplit('.', 1)[-1]}`", text)
+    text = _LINK.sub(lambda match: match[1], text)
+    return " ".join(text.replace("``", "`").split())
+
+
+def argument_docs(cls: type) -> dict[str, str]:
+    """``argument -> meaning`` from the ``Args:`` sections of ``cls``'s docstrings (the class's and its
+    ``__init__``'s, then those of its bases: a subclass that adds nothing documents nothing). The first paragraph
+    of each entry only."""
+    docs: dict[str, str] = {}
+    for owner in inspect.getmro(cls):
+        for text in (owner.__dict__.get("__doc__"), getattr(owner.__dict__.get("__init__"), "__doc__", None)):
+            for name, meaning in _args_section(inspect.cleandoc(text or "")).items():
+                docs.setdefault(name, meaning)
+    return docs
+
+
+def _args_section(text: str) -> dict[str, str]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:", "Parameters:")), None)
+    if start is None:
+        return {}
+    outer = len(lines[start]) - len(lines[start].lstrip())
+    entries: dict[str, list[str]] = {}
+    indent, current, paragraph_done = None, None, False
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            paragraph_done = current is not None
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth <= outer:
+            break
+        indent = depth if indent is None else indent
+        match = _ARGUMENT.fullmatch(line.strip()) if depth == indent else None
+        if match:
+            current, paragraph_done = match[1].lstrip("*"), False
+            entries[current] = [match[2]]
+        elif current is not None and depth > indent and not paragraph_done:
+            entries[current].append(line.strip())
+    return {name: _plain(" ".join(parts)) for name, parts in entries.items()}
+
+
+def _yaml_comments(path, prefix: str) -> dict[str, str]:
+    """``dotted key -> the comment on its line`` in one config file (mappings only; list items are skipped)."""
+    found: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []  # (indent, name) of the mappings above the line
+    for line in path.read_text().splitlines():
+        match = re.match(r"( *)([\w-]+):([^#]*)(?:#\s*(.+))?$", line)
+        if not match:
+            continue
+        indent = len(match[1])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        key = ".".join([prefix, *(name for _, name in stack), match[2]])
+        if match[4]:
+            found[key] = match[4].strip()
+        stack.append((indent, match[2]))
+    return found
+
+
+def _own_summary(cls: type | None) -> str:
+    """The first paragraph of the class's own docstring (not one it inherits)."""
+    own = (cls.__dict__.get("__doc__") if cls else None) or ""
+    if not own.strip() and cls is not None:  # e.g. Lightning's Trainer documents itself in __init__
+        own = getattr(cls.__dict__.get("__init__"), "__doc__", None) or ""
+    return _plain(inspect.cleandoc(own).split("\n\n")[0])
+
+
+def _constructor_rows(node: dict, prefix: str, owner: str | None, visit) -> None:
+    """``visit(key, owner, value, nested)`` for every key under ``node``: the plain keys of a mapping with a
+    ``_target_`` are arguments of that class; a mapping without one (callbacks and loggers by name) passes none."""
+    arguments_of = node.get("_target_", owner)
+    for name, value in node.items():
+        key = f"{prefix}.{name}"
+        nested = isinstance(value, dict) and bool(value)
+        visit(key, arguments_of, value, nested)
+        if nested:
+            _constructor_rows(value, key, None, visit)
+
+
+def _class(path: str | None) -> type | None:
+    import hydra.utils
+
+    return hydra.utils.get_class(path) if path else None
+
+
+def constructor_keys() -> list[ConstructorKey]:
+    """Every key that an option of ``trainer``, ``callbacks`` or ``logger`` sets, with each option's value."""
+    from pathlib import Path
+
+    from stare_lightning.cli import compose, config_dir
+
+    conf = Path(config_dir())
+    default_run = OmegaConf.to_container(compose([]), resolve=False)
+    rows: dict[str, dict] = {}
+    for group in CONSTRUCTOR_GROUPS:
+        comments: dict[str, str] = {}
+        for option in sorted((conf / group).glob("*.yaml")):
+            for key, comment in _yaml_comments(option, group).items():
+                comments.setdefault(key, comment)
+            node = OmegaConf.to_container(compose([f"{group}={option.stem}"])[group], resolve=False) or {}
+
+            def visit(key, owner, value, nested, option=option.stem):
+                row = rows.setdefault(key, {"owner": owner, "values": {}, "nested": nested})
+                row["owner"] = row["owner"] or owner
+                row["values"][option] = value.get("_target_", "") if nested else show(value)
+
+            _constructor_rows(node, group, None, visit)
+        for key, row in rows.items():
+            if key.startswith(f"{group}.") and "comment" not in row:
+                row["comment"] = comments.get(key, "")
+    found = []
+    for key, row in rows.items():
+        name = key.rsplit(".", 1)[-1]
+        if name == "_target_":
+            targets = sorted(set(row["values"].values()))
+            doc = " ".join(
+                ["The class built.", *(f"`{t.rsplit('.', 1)[-1]}`: {_own_summary(_class(t))}" for t in targets)]
+            )
+        elif row["owner"] is None:  # a callback or logger by name
+            kind = "callback" if key.startswith("callbacks.") else "logger"
+            doc = f"The run's `{name}` {kind}, built from its `_target_` and the keys under it; null leaves it out."
+        else:
+            doc = argument_docs(_class(row["owner"])).get(name, "")
+            if row["nested"]:
+                doc = f"{doc} A class of its own: its `_target_` and arguments follow.".strip()
+        if row["comment"]:
+            doc = f"{doc} *Here: {row['comment']}.*".strip()
+        value: Any = default_run
+        for part in key.split("."):
+            value = value.get(part, "<absent>") if isinstance(value, dict) else "<absent>"
+        in_default_run = (
+            None if value == "<absent>" else show(value.get("_target_") if isinstance(value, dict) else value)
+        )
+        found.append(ConstructorKey(key, row["owner"] or "", dict(row["values"]), in_default_run, doc))
+    return found
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.config_reference import config_keys
+from stare_lightning.config_reference import CONSTRUCTOR_GROUPS, config_keys, constructor_keys
 from stare_lightning.metrics.glossary import ENTRIES, entry_for, undocumented
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_site_builds_strictly_with_every_reference_page(tmp_path, keys):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
     configuration = (site / "reference" / "configuration" / "index.html").read_text()
-    for key in keys:
+    for key in [*keys, *constructor_keys()]:
         assert f"<code>{key.key}</code>" in configuration, key.key
     metrics = (site / "reference" / "metrics" / "index.html").read_text()
     for name in ENTRIES:
@@ -76,6 +76,72 @@ def test_every_schema_field_has_a_description(keys):
     assert len([k for k in keys if not k.group]) > 140  # every group's keys were reached
 
 
+def test_the_trainer_callbacks_and_logger_keys_are_listed_with_a_meaning():
+    """Every key an option file of a constructor group sets, each with a meaning (the class's ``Args:`` entry or the
+    file's comment), and every option of every group with a description (its file's leading comment)."""
+    from stare_lightning.cli import config_dir
+
+    constructors = {k.key: k for k in constructor_keys()}
+    assert len(constructors) > 40 and {k.split(".")[0] for k in constructors} == set(CONSTRUCTOR_GROUPS)
+    missing = sorted(key for key, item in constructors.items() if not item.doc)
+    assert not missing, (
+        f"constructor keys with no meaning (document the class's argument, or comment the line): {missing}"
+    )
+    max_steps = constructors["trainer.max_steps"]
+    assert max_steps.in_default_run == "300" and "optimizer steps" in max_steps.doc
+    assert (
+        constructors["trainer.accelerator"].values["gpu"] == "gpu"
+        and "accelerator" in constructors["trainer.accelerator"].doc
+    )
+    assert "Supports different training strategies" in constructors["trainer.strategy"].doc  # Lightning's own words
+    assert "outside the band" in constructors["callbacks.entropy_guard.patience"].doc  # this project's docstring
+    assert constructors["trainer.strategy.param_dtype"].values == {"fsdp": "bfloat16", "fsdp_fp16": "float16"}
+    conf = Path(config_dir())
+    undescribed = [
+        f"{path.parent.name}={path.stem}"
+        for path in sorted(conf.glob("*/*.yaml"))
+        if not path.read_text().lstrip().startswith("#")
+    ]
+    assert not undescribed, f"options with no leading comment (the reference's description): {undescribed}"
+
+
+def test_the_argument_docs_parser_reads_google_style_sections_through_the_class_hierarchy():
+    from stare_lightning.config_reference import argument_docs
+
+    class Base:
+        """A base.
+
+        Args:
+            alpha: the first
+                argument, continued.
+
+            beta (int): the second, with a ``literal`` and :class:`~pkg.mod.Thing`.
+                Second paragraph? No: same entry, one paragraph.
+
+                A new paragraph is left out.
+            **kwargs: the rest.
+
+        Returns:
+            nothing.
+        """
+
+    class Child(Base):
+        def __init__(self, gamma=1):
+            """A child.
+
+            Args:
+                gamma: the child's own.
+            """
+
+    docs = argument_docs(Child)
+    assert docs == {
+        "gamma": "the child's own.",
+        "alpha": "the first argument, continued.",
+        "beta": "the second, with a `literal` and `Thing`. Second paragraph? No: same entry, one paragraph.",
+        "kwargs": "the rest.",
+    }
+
+
 def test_allowed_values_are_the_schemas_own_checks(keys):
     from stare_lightning.algorithms.stare import STARE_SCOPES
     from stare_lightning.config_reference import checked_rules
@@ -89,6 +155,12 @@ def test_allowed_values_are_the_schemas_own_checks(keys):
     assert by_key["algorithm.policy_loss.dual_clip_c"].allowed == "a number > 1.0"  # checked only when set: probed
     assert by_key["validation.pass_k"].allowed == "each: an integer >= 1"
     assert by_key["data.val_sets[].top_p"].allowed == "a number in (0.0, 1.0]"
+    # data.task: every value it accepts, whichever data.source picks it.
+    from stare_lightning.data.tasks import task_names
+    from stare_lightning.data.tasks.reasoning_gym import generator_names
+
+    task = by_key["data.task"].allowed
+    assert all(repr(name) in task for name in [*task_names(), *generator_names(), "mixture"]) and "null" in task
     # The default run's value beside the schema's default.
     assert (by_key["algorithm.stare.w"].default, by_key["algorithm.stare.w"].in_default_run) == ("1.1", "3.0")
 

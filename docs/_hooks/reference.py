@@ -81,16 +81,18 @@ def _code(text: str) -> str:
 
 def configuration_page() -> str:
     from stare_lightning.cli import config_dir
-    from stare_lightning.config_reference import config_keys
+    from stare_lightning.config_reference import config_keys, constructor_keys
 
     keys = config_keys()
+    constructors = constructor_keys()
     plain = [k for k in keys if not k.group]
     lines = [
         "# Configuration reference",
         "",
         GENERATED_NOTE.format(source="the schema dataclasses' field docstrings, their checks and `conf/`"),
         "",
-        f"The run's {len(plain)} keys, group by group. Set any of them on the command line "
+        f"The run's {len(plain)} schema keys, group by group, then the {len(constructors)} keys of the `trainer`, "
+        "`callbacks` and `logger` groups. Set any of them on the command line "
         "(`python -m stare_lightning fit optim.lr=1e-5`), in an experiment file or in your own config group. "
         "**default** is the schema's; where the default run (`make run`, `python -m stare_lightning fit`) "
         "composes another value, it follows as *make run: ...*. **allowed** is what the schema's checks accept: "
@@ -114,11 +116,7 @@ def configuration_page() -> str:
         if doc:
             lines += [doc, ""]
         if members is None:  # trainer, callbacks, logger: constructor arguments, listed with the group's options
-            lines.append(
-                "Its keys are the arguments of the class each `_target_` names, checked against the allow-list "
-                "before anything is built; each option's file is shown under "
-                "[config groups and their options](#config-groups-and-their-options)."
-            )
+            lines += _constructor_table(name, constructors)
             continue
         if not members:
             continue
@@ -132,6 +130,29 @@ def configuration_page() -> str:
             )
     lines += ["", *_group_options(Path(config_dir()))]
     return "\n".join(lines) + "\n"
+
+
+def _constructor_table(group: str, constructors) -> list[str]:
+    """The keys of a constructor group: what each option file sets them to and what they mean."""
+    lines = [
+        "Its keys are the arguments of the class each `_target_` names (checked against the allow-list before "
+        "anything is built), so any other argument of that class can be set too, e.g. "
+        f"`+{group}.<name>=<value>` for one the option files leave out. Below: every key the option files set, "
+        "the value each option gives it, the default run's, and its meaning from the class's own documentation "
+        "(*Here:* the option file's comment).",
+        "",
+        "| key | set by the options | make run | meaning |",
+        "|---|---|---|---|",
+    ]
+    for key in (k for k in constructors if k.key.split(".")[0] == group):
+        values = set(key.values.values())
+        if len(values) == 1 and len(key.values) > 1:
+            options = f"all {len(key.values)}: {_code(next(iter(values)))}"
+        else:
+            options = ", ".join(f"`{option}`: {_code(value)}" for option, value in key.values.items())
+        made = _code(key.in_default_run or "\"\"") if key.in_default_run is not None else "—"
+        lines.append(f"| `{key.key}` | {_cell(options)} | {_cell(made)} | {_cell(key.doc)} |")
+    return lines
 
 
 def _leading_comment(path: Path) -> str:

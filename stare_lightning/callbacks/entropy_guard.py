@@ -11,6 +11,16 @@ from stare_lightning.config.checks import choice, number
 
 
 class EntropyGuard(Callback):
+    """Warns about, or stops, a run whose logged entropy stays outside ``[low, high]`` for ``patience`` steps.
+
+    Args:
+        low: the lowest entropy (nats per token) counted as healthy; below it the policy is collapsing.
+        high: the highest entropy counted as healthy; above it the policy is blowing up (``.inf``: no bound).
+        patience: training steps in a row outside the band before the guard acts.
+        action: ``warn`` (a line in the log and on the terminal) or ``stop`` (ends the fit after the step).
+        metric: the logged metric the guard reads.
+    """
+
     def __init__(
         self,
         low: float = 0.01,

@@ -24,6 +24,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class FinalStateCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last`` checkpoint holds the final step and the last validation (the
+    module's docstring says when Lightning's own misses them); it takes ``ModelCheckpoint``'s arguments."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._save_after_validation = False

@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 
 class StepProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar labelled ``step k/max_steps``; it takes ``RichProgressBar``'s arguments."""
+
     def _get_train_description(self, current_epoch: int) -> str:
         return self.step_description(self.trainer)
 

@@ -16,6 +16,14 @@ from stare_lightning.config.checks import number, text
 
 
 class RolloutSampleDump(Callback):
+    """Appends a few groups of a step's rollouts to ``<output_dir>/<filename>`` (JSONL, one group a line).
+
+    Args:
+        every_n_steps: rollout batches between two dumps.
+        max_groups: prompt groups written per dump (each with all its responses, rewards and advantages).
+        filename: the file, under the trainer's ``default_root_dir``.
+    """
+
     def __init__(self, every_n_steps: int = 10, max_groups: int = 4, filename: str = "rollouts.jsonl") -> None:
         number("callbacks.sample_dump.every_n_steps", every_n_steps, low=1, integer=True)
         number("callbacks.sample_dump.max_groups", max_groups, low=1, integer=True)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["choice", "flag", "number", "recorded_rules", "text"]
+__all__ = ["choice", "flag", "note", "number", "recorded_rules", "text"]
 
 _recorders: list[dict[str, str]] = []
 
@@ -44,6 +44,14 @@ def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)
+
+
+def note(key: str, rule: Callable[[], str]) -> None:
+    """Note what ``key`` allows where the values depend on another key, so no single helper states them all;
+    ``rule`` is called only while rules are recorded (the reference pages): a costly listing costs a run nothing.
+    Call it before the helpers that check ``key`` (the first note of a key wins)."""
+    if _recorders:
+        _note(key, rule())
 
 
 def choice(key: str, value: Any, allowed: Iterable[Any]) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..config.checks import choice, number, text
+from ..config.checks import choice, note, number, text
 from ..rewards.registry import get_verifier, is_user_verifier_name
 from .records import SCHEMA_KEYS
 from .tasks import SOURCES, STYLES, reasoning_gym, task_names, task_params
@@ -151,6 +151,7 @@ class DataConfig:
     def _check_source(self) -> None:
         """Exactly one source: a built-in or reasoning-gym task (with valid keyword arguments) or training files."""
         choice("data.source", self.source, SOURCES)
+        note("data.task", _task_rule)
         gym = self.source == "reasoning_gym"
         if gym and self.task is None:
             raise ValueError("data.source=reasoning_gym needs data.task: a reasoning-gym generator name or 'mixture'")
@@ -202,3 +203,16 @@ class DataConfig:
         if default and is_user_verifier_name(default) and default not in names:
             names.append(default)
         return names
+
+
+def _task_rule() -> str:
+    """What ``data.task`` accepts, by ``data.source``: the configuration reference's allowed values."""
+    builtin = ", ".join(repr(name) for name in task_names())
+    try:
+        generators = f"one of [{', '.join(repr(name) for name in reasoning_gym.generator_names())}]"
+    except ImportError:  # the reasoning_gym extra is not installed: its generators cannot be listed
+        generators = "a reasoning-gym generator's name (install the reasoning_gym extra)"
+    return (
+        f"with data.source=builtin: one of [{builtin}], or null to train from data.train_files; "
+        f"with data.source=reasoning_gym: 'mixture' or {generators}"
+    )

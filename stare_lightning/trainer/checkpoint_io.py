@@ -25,6 +25,9 @@ class CheckpointWriteError(OSError):
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` whose failed writes name the file and the cause and keep the previous
+    checkpoint, and whose reads load data only (the module's docstring says how)."""
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         try:
             super().save_checkpoint(checkpoint, path, storage_options)

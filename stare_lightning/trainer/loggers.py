@@ -22,6 +22,9 @@ class _AppendingWriter(ExperimentWriter):
 
 
 class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger`` that appends to the ``metrics.csv`` of an earlier run in the same directory (a
+    resume) instead of deleting it; it takes ``CSVLogger``'s arguments."""
+
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:

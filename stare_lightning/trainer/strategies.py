@@ -33,6 +33,19 @@ _OFFLOAD_BACKEND = "cuda:nccl,cpu:gloo"
 
 
 class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 (``fully_shard``) over every rank through Lightning's ``ModelParallelStrategy`` (module docstring).
+
+    Args:
+        data_parallel_size: ranks per data-parallel group; ``auto``: the world size over ``tensor_parallel_size``.
+        tensor_parallel_size: ranks per tensor-parallel group (1: FSDP only, what this project trains with).
+        param_dtype: the dtype parameters are gathered and computed in (``bfloat16``, ``float16``, ``float32``);
+            null: the parameters' own dtype, exact fp32.
+        reduce_dtype: the dtype gradients are reduced in.
+        cpu_offload: keep the sharded weights, gradients and optimizer state in host memory (GPUs only).
+        save_distributed_checkpoint: each rank writes its own shard (a checkpoint directory) instead of one
+            gathered file; passed to ``ModelParallelStrategy``.
+    """
+
     def __init__(
         self,
         data_parallel_size: Any = "auto",
