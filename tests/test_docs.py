@@ -63,6 +63,13 @@ def test_site_builds_strictly_with_every_reference_page(tmp_path, keys):
 
     for name in algorithms.__all__:
         assert re.search(rf'id="stare_lightning\.algorithms\.[a-z_]+\.{name}"', api), name
+    # Formulas are MathML written at build time; no page loads a script, style sheet, font or image from another host.
+    for page in ("method", "concepts/gate-and-quadrants"):
+        built = (site / page / "index.html").read_text()
+        assert built.count("<math ") > 10 and "arithmatex" not in built and "\\(" not in built, page
+    remote = re.compile(r'<(?:script|link|img|source|iframe)\b[^>]*\b(?:src|href)="(?:https?:)?//', re.IGNORECASE)
+    outside = [str(path.relative_to(site)) for path in site.rglob("*.html") if remote.search(path.read_text())]
+    assert not outside, f"pages that load something from another host: {outside}"
     # The summary example is the real table of a committed run, at 80 columns.
     started = (site / "getting-started" / "index.html").read_text()
     assert "train/quadrant/exact/pos_high/tokens" in started and "summary-example" not in started
@@ -253,3 +260,25 @@ def test_the_results_pages_quote_both_evaluation_windows_from_the_committed_summ
     row = stats.loc[(arm, outcome)]
     assert f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]" == quoted
     assert quoted in " ".join((REPO / "docs" / "results" / page).read_text().split()), f"{page} does not quote {quoted}"
+
+
+def _maths_hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("maths_hook", REPO / "docs" / "_hooks" / "maths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_maths_hook_writes_mathml_and_refuses_what_it_cannot_convert():
+    hook = _maths_hook()
+    page = (
+        '<p>so <span class="arithmatex">\\(\\Phi &lt; 0\\)</span> here</p>'
+        '<div class="arithmatex">\\[\\Delta H \\approx \\eta A \\Phi\\]</div><code>\\(kept\\)</code>'
+    )
+    out = hook.render(page, where="page.md")
+    assert out.count("<math ") == 2 and 'display="inline"' in out and 'display="block"' in out
+    assert "&#x0003C;" in out and "arithmatex" not in out and "<code>\\(kept\\)</code>" in out
+    with pytest.raises(ValueError, match="page.md"):
+        hook.render('<span class="arithmatex">\\(\\nocommand{x}\\)</span>', where="page.md")
