@@ -63,6 +63,11 @@ def test_site_builds_strictly_with_every_reference_page(tmp_path, keys):
 
     for name in algorithms.__all__:
         assert re.search(rf'id="stare_lightning\.algorithms\.[a-z_]+\.{name}"', api), name
+    # The extension points, each object with its own entry; docstring lists are lists, not one paragraph.
+    for _, _, dotted in _hook("reference").EXTENSION_POINTS:
+        for name in dotted:
+            assert f'id="{name}"' in api, name
+    assert "<p>What it implements:</p>" in api and "What it implements:\n- " not in api
     # Formulas are MathML written at build time; no page loads a script, style sheet, font or image from another host.
     for page in ("method", "concepts/gate-and-quadrants"):
         built = (site / page / "index.html").read_text()
@@ -262,17 +267,47 @@ def test_the_results_pages_quote_both_evaluation_windows_from_the_committed_summ
     assert quoted in " ".join((REPO / "docs" / "results" / page).read_text().split()), f"{page} does not quote {quoted}"
 
 
-def _maths_hook():
+def _hook(name: str):
+    """A module of docs/_hooks/, loaded from its file."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("maths_hook", REPO / "docs" / "_hooks" / "maths.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_hook", REPO / "docs" / "_hooks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def test_lists_written_right_under_a_line_of_text_become_lists():
+    hook = _hook("lists")
+    text = [
+        "What it implements:",
+        "- GRPO: one",
+        "  continued.",
+        "- Dr.GRPO: two",
+        "",
+        "Steps:",
+        "1. first",
+        "2. second",
+        "A sentence that wraps before",
+        "2026. is not a list item",
+        "```text",
+        "a line",
+        "- not touched inside a fence",
+        "```",
+        "| table | row |",
+        "- after a table row: untouched",
+    ]
+    assert hook.blank_lines_before_lists(text) == [
+        "What it implements:",
+        "",
+        *text[1:6],
+        "",
+        *text[6:],
+    ]
+
+
 def test_the_maths_hook_writes_mathml_and_refuses_what_it_cannot_convert():
-    hook = _maths_hook()
+    hook = _hook("maths")
     page = (
         '<p>so <span class="arithmatex">\\(\\Phi &lt; 0\\)</span> here</p>'
         '<div class="arithmatex">\\[\\Delta H \\approx \\eta A \\Phi\\]</div><code>\\(kept\\)</code>'

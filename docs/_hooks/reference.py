@@ -4,8 +4,9 @@
   option of every config group (the files of ``conf/``);
 - ``reference/metrics.md``: the metric glossary (``stare_lightning.metrics.glossary``);
 - ``reference/cli.md``: the subcommands (``stare_lightning.cli.SUBCOMMANDS``) and ``prepare``'s arguments;
-- ``reference/api.md``: the public names of ``stare_lightning.algorithms`` (its ``__all__``), grouped by the module
-  that defines them, for mkdocstrings to render.
+- ``reference/api.md``: the extension points (``EXTENSION_POINTS``: the module, the data module, callbacks,
+  verifiers, tools, rollout engines, selectors, policy losses), then the public names of ``stare_lightning.algorithms``
+  (its ``__all__``), grouped by the module that defines them, for mkdocstrings to render.
 
 The pages exist only in the build (``File.generated``), so ``mkdocs build --strict`` checks their links and
 anchors like those of the written pages.
@@ -150,7 +151,7 @@ def _constructor_table(group: str, constructors) -> list[str]:
             options = f"all {len(key.values)}: {_code(next(iter(values)))}"
         else:
             options = ", ".join(f"`{option}`: {_code(value)}" for option, value in key.values.items())
-        made = _code(key.in_default_run or "\"\"") if key.in_default_run is not None else "—"
+        made = _code(key.in_default_run or '""') if key.in_default_run is not None else "—"
         lines.append(f"| `{key.key}` | {_cell(options)} | {_cell(made)} | {_cell(key.doc)} |")
     return lines
 
@@ -281,6 +282,125 @@ def cli_page() -> str:
 # ----------------------------------------------------------------------------------------------------- API
 
 
+# What someone extending the project implements or calls: (section, what it is for, the objects, by dotted name).
+EXTENSION_POINTS: list[tuple[str, str, list[str]]] = [
+    (
+        "The LightningModule",
+        "The module of `fit`, `validate` and `evaluate`, wiring only (its file stays under 250 lines): "
+        "`train.build_module` builds it from a composed config. `configure_model` builds the policy (and the "
+        "reference model when a KL term is on), sharded by the strategy; `on_fit_start` builds the `StepRunner` and "
+        "the rollout source (collected inside the step, or by the asynchronous producer with "
+        "`rollout.max_staleness`); `training_step` takes the step's rollouts, runs `StepRunner.learn` (manual "
+        "optimization), checks the log-prob canary, hands the new weights to the engine and logs the step; "
+        "`validation_step` samples, verifies and votes on a batch of one benchmark and returns every sample's "
+        "record (what `evaluate` writes); `on_save_checkpoint` / `on_load_checkpoint` keep STARE's controller, the "
+        "adaptive entropy coefficient and the optimizer-step counters beside Lightning's state.",
+        ["stare_lightning.module.STAREModule", "stare_lightning.train.build_module"],
+    ),
+    (
+        "The data module",
+        "Streams prompt records (never rollouts: those are made inside the training step). A record is a prompt, "
+        "its answer, the verifier that scores it and its metadata; `data.train_files` reads them from JSONL, JSON, "
+        "Parquet or `datasets` directories.",
+        ["stare_lightning.data.datamodule.PromptDataModule"],
+    ),
+    (
+        "Callbacks",
+        "The project's callbacks (`conf/callbacks/`); any Lightning callback can be added the same way, by "
+        "`_target_`, once its module is in `allowed_targets`.",
+        [
+            "stare_lightning.callbacks.entropy_guard.EntropyGuard",
+            "stare_lightning.callbacks.sample_dump.RolloutSampleDump",
+            "stare_lightning.callbacks.run_summary.RunSummary",
+            "stare_lightning.callbacks.progress.StepProgressBar",
+            "stare_lightning.callbacks.final_checkpoint.FinalStateCheckpoint",
+        ],
+    ),
+    (
+        "Verifiers",
+        "A verifier is a function `(response: str, answer: str, metadata: dict) -> float` in [0, 1], named by a "
+        "record's `verifier` field: a built-in name or `package.module:function` (listed in `data.user_verifiers`). "
+        "Training scores through `VerifierPool`, in a confined worker process with hard timeouts "
+        "([verifiers and their isolation](../guides/verifiers.md)).",
+        [
+            "stare_lightning.rewards.registry.get_verifier",
+            "stare_lightning.rewards.registry.known_verifiers",
+            "stare_lightning.rewards.registry.check_record",
+            "stare_lightning.rewards.pool.VerifierPool",
+            "stare_lightning.rewards.message_watch.ScoreResult",
+        ],
+    ),
+    (
+        "Tools",
+        "What a tool implements (`Tool`) and returns (`ToolResult`); the call formats parse the policy's calls out "
+        "of its text ([tool use and the sandbox](../guides/tools.md)).",
+        [
+            "stare_lightning.tools.base.Tool",
+            "stare_lightning.tools.base.ToolResult",
+            "stare_lightning.tools.registry.build_tool",
+            "stare_lightning.tools.formats.CallFormat",
+        ],
+    ),
+    (
+        "Rollout engines",
+        "The protocol every rollout backend implements (`rollout.backend`: HF, colocated vLLM, vLLM servers), the "
+        "sampling settings it is given and the rollouts it returns.",
+        [
+            "stare_lightning.rollout.base.RolloutEngine",
+            "stare_lightning.rollout.base.SamplingParams",
+            "stare_lightning.rollout.base.Rollouts",
+            "stare_lightning.rollout.base.EpisodeStats",
+        ],
+    ),
+    (
+        "STARE's selectors",
+        "What ranks the tokens STARE may reweight (`algorithm.stare.selector`): a function registered in "
+        "`STARE_SELECTORS`, one module per selector, reading the `RankingInputs` it declares it needs.",
+        [
+            "stare_lightning.algorithms.selectors.base.RankingInputs",
+            "stare_lightning.algorithms.selectors.base.Selector",
+            "stare_lightning.algorithms.selectors.base.required",
+            "stare_lightning.algorithms.selectors.surprisal.surprisal",
+            "stare_lightning.algorithms.selectors.entropy.predictive_entropy",
+            "stare_lightning.algorithms.selectors.sensitivity.sensitivity",
+            "stare_lightning.algorithms.selectors.uniform.uniform",
+        ],
+    ),
+    (
+        "Policy losses",
+        "The per-token surrogate (`algorithm.policy_loss.name`): a function registered in `POLICY_LOSSES` that "
+        "takes the token log-probs, the old ones, the advantages, the mask, the clip and STARE's token weights, and "
+        "returns the per-token loss and its clip counts.",
+        [
+            "stare_lightning.algorithms.policy_losses.ClipRange",
+            "stare_lightning.algorithms.policy_losses.ppo_surrogate",
+            "stare_lightning.algorithms.policy_losses.gspo_surrogate",
+            "stare_lightning.algorithms.policy_losses.cispo_surrogate",
+        ],
+    ),
+]
+
+
+def _objects_by_module(dotted: list[str]) -> dict[str, list[str]]:
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for name in dotted:
+        module, _, member = name.rpartition(".")
+        by_module[module].append(member)
+    return by_module
+
+
+def _render(module: str, members: list[str], heading_level: int) -> list[str]:
+    return [
+        "",
+        f"::: {module}",
+        "    options:",
+        "      show_root_heading: false",
+        "      show_root_toc_entry: false",
+        f"      heading_level: {heading_level}",
+        f"      members: [{', '.join(members)}]",
+    ]
+
+
 def api_page() -> str:
     import stare_lightning.algorithms as algorithms
 
@@ -288,9 +408,26 @@ def api_page() -> str:
     for name in algorithms.__all__:
         by_module[getattr(algorithms, name).__module__].append(name)
     lines = [
-        "# Python API: `stare_lightning.algorithms`",
+        "# Python API",
         "",
-        GENERATED_NOTE.format(source="the package's `__all__` and the docstrings"),
+        GENERATED_NOTE.format(
+            source="the extension points listed in `docs/_hooks/reference.py`, "
+            "`stare_lightning.algorithms.__all__` and the docstrings"
+        ),
+        "",
+        "First the extension points: what a new verifier, tool, rollout backend, selector, policy loss or callback "
+        "implements, and the Lightning classes it plugs into. Then `stare_lightning.algorithms`, the loss's pure "
+        "tensor functions.",
+        "",
+        "## Extension points",
+    ]
+    for title, intro, dotted in EXTENSION_POINTS:
+        lines += ["", f"### {title}", "", intro]
+        for module, members in _objects_by_module(dotted).items():
+            lines += _render(module, members, heading_level=4)
+    lines += [
+        "",
+        "## `stare_lightning.algorithms`",
         "",
         "The loss's pure tensor functions, importable without Lightning: "
         "`from stare_lightning.algorithms import stare_token_weights`. Each section is the module that defines "
@@ -298,17 +435,8 @@ def api_page() -> str:
     ]
     for module in sorted(by_module):
         members = sorted(by_module[module])
-        lines += [
-            "",
-            f"## `{module}`",
-            "",
-            f"::: {module}",
-            "    options:",
-            "      show_root_heading: false",
-            "      show_root_toc_entry: false",
-            f"      members: [{', '.join(members)}]",
-        ]
-    lines += ["", "## Registries", ""]
+        lines += ["", f"### `{module}`", *_render(module, members, heading_level=4)]
+    lines += ["", "### Registries", ""]
     registries = {
         "stare_lightning.algorithms.advantages": "ADVANTAGE_ESTIMATORS",
         "stare_lightning.algorithms.policy_losses": "POLICY_LOSSES",

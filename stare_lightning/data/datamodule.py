@@ -108,7 +108,8 @@ class PromptDataModule(L.LightningDataModule):
     Args:
         cfg: the data config (a ``DataConfig`` or a mapping of its fields).
         tokenizer: a ``transformers`` tokenizer.
-        rank, world_size: override the trainer's values (for tests and tools that run without a Trainer).
+        rank: overrides the trainer's rank (for tests and tools that run without a Trainer; with ``world_size``).
+        world_size: overrides the trainer's world size (with ``rank``).
     """
 
     def __init__(
