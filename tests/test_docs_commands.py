@@ -209,3 +209,20 @@ def test_snippets_are_split_like_a_shell_splits_them():
     )
     assert shell_blocks(markdown) == ["make run\n", "make test\n"]
     assert inline_commands(markdown) == ["python -m stare_lightning fit", "A=1 jupyter execute x"]
+
+
+def test_after_the_activation_the_first_command_runs_through_a_real_shell(tmp_path):
+    """The activation line and a command of the pages, run by bash from a directory outside the checkout (Hydra's
+    ``--cfg job`` prints the composed job and trains nothing), with a PATH that holds no other Python first."""
+    import os
+    import subprocess
+
+    activate = Path(sys.executable).parent / "activate"
+    if not activate.is_file():
+        pytest.skip(f"{sys.executable} is not in a virtual environment with an activate script")
+    script = f". {shlex.quote(str(activate))} && python -m stare_lightning fit algorithm=grpo_ds --cfg job"
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "  name: grpo_ds\n" in done.stdout and "dynamic_sampling: true" in done.stdout  # the override took
+    assert not any(tmp_path.iterdir()), "--cfg job wrote files"
