@@ -311,12 +311,11 @@ def time_pushes(engine, client: TimedClient, model, pushes: int) -> dict:
 
 def time_packing(model, chunk_bytes: int, repeats: int) -> float:
     """Median seconds of gather + pack + write of the chunk files alone, into a scratch transfer directory."""
-    import shutil
-
-    from stare_lightning.rollout.server.transfer import new_transfer_directory, write_chunks
+    from stare_lightning.rollout.server.transfer import write_chunks
+    from stare_lightning.rollout.server.transfer_dir import TransferDirectory
     from stare_lightning.rollout.weights import iter_full_weights
 
-    directory, times = new_transfer_directory(), []
+    directory, times = TransferDirectory(), []
     try:
         for _ in range(repeats):
             start = time.perf_counter()
@@ -324,10 +323,9 @@ def time_packing(model, chunk_bytes: int, repeats: int) -> float:
                 for _ in write_chunks(iter_full_weights(model), directory, chunk_bytes=chunk_bytes):
                     pass
             times.append(time.perf_counter() - start)
-            for chunk in directory.iterdir():
-                chunk.unlink()
+            directory.clear()
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        directory.remove()
     return statistics.median(times)
 
 

@@ -122,8 +122,10 @@ def check_what_hydra_will_build(overrides: Sequence[str], config_name: str = "co
 
     from stare_lightning.config.moved_keys import check_override_keys, moved_key_error
     from stare_lightning.config.targets import check_hydra_node, check_opt_ins, check_targets
+    from stare_lightning.rollout.config import check_staleness_overrides
 
     check_override_keys(overrides)
+    check_staleness_overrides(overrides)
     for variant in _compositions(overrides):
         try:
             composed = compose(variant, with_hydra=True, config_name=config_name)

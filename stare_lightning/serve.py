@@ -6,8 +6,10 @@ servers placed by ``rollout.server.host``, ``port``, ``cpus`` and ``gpus``, prin
 Ctrl-C or SIGTERM. A server that dies ends ``serve`` with an error naming it, so a scheduler sees it.
 
 The credential: every route but ``/health`` needs the bearer token in ``$STARE_LIGHTNING_SERVER_TOKEN`` (or the
-variable ``rollout.server.token_env`` names), the trainer's too. On loopback a fresh one is made and printed when
-the variable is unset; servers that listen on a network refuse to start without one set.
+variable ``rollout.server.token_env`` names), the trainer's too; one shorter than 32 characters, or blank, is refused
+before anything starts. On this host only (a Unix socket, loopback) a fresh one is made when the variable is unset
+and written to ``<output_dir>/server-token`` (mode 0600), whose path is printed: logs are often readable by others,
+so the token itself is never printed. Servers that listen on a network refuse to start without one set.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import tempfile
 import time
 from pathlib import Path
 
-from stare_lightning.rollout.config import LOOPBACK_HOSTS
+from stare_lightning.rollout.config import LOCAL_HOSTS
+from stare_lightning.rollout.server.auth import check_token
 
-__all__ = ["serve", "serving_dtype"]
+__all__ = ["serve", "serving_dtype", "write_private"]
 
 
 def serving_dtype(cfg) -> str:
@@ -38,6 +42,22 @@ def serving_dtype(cfg) -> str:
     return cfg.model.dtype
 
 
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by this user only (mode 0600 from its creation: a temporary file in the
+    same directory, renamed over ``path``, so no moment exists where it is readable by others and no link is
+    followed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # mkstemp creates it 0600
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return path
+
+
 def serve(cfg) -> None:
     from stare_lightning.rollout.server.client import RolloutServerError
     from stare_lightning.rollout.server.connect import launch_servers
@@ -50,15 +70,22 @@ def serve(cfg) -> None:
             "rollout.server.count, host, port, cpus, gpus (rollout.server.launch must stay true)"
         )
     token = os.environ.get(server.token_env)
-    if not token and server.host not in LOOPBACK_HOSTS:
+    if token is None and server.host not in LOCAL_HOSTS:
         raise ValueError(
             f"rollout.server.host={server.host} listens on a network: set {server.token_env} to a secret the "
             f"trainer's environment has too, e.g. export {server.token_env}=$(python -c 'import secrets; "
             "print(secrets.token_urlsafe(32))')"
         )
-    if not token:
+    if token is not None:
+        check_token(token, f"${server.token_env}")
+    else:
         token = secrets.token_urlsafe(32)
-        print(f"export {server.token_env}={token}  # the trainer needs it (loopback only)")
+        path = write_private(Path(cfg.output_dir) / "server-token", token)
+        print(
+            f"the servers' credential is in {path} (mode 0600): export {server.token_env}=$(cat {path}) where the "
+            "trainer runs",
+            flush=True,
+        )
     model_dir = prepare_model(cfg)
     log_dir = Path(cfg.output_dir) / "servers"
     launched = launch_servers(

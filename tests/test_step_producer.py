@@ -8,7 +8,9 @@ rank left with no group of its own still trains on every batch and joins every c
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -24,7 +26,7 @@ class RecordingEngine:
         self.pushes: list[tuple[str, list]] = []
         self.version: str | None = None
 
-    def gather_weights(self, model):
+    def gather_weights(self, model, policy=None):
         return [(name, p.detach().clone()) for name, p in model.named_parameters()]
 
     def push(self, weights, version=None):
@@ -181,6 +183,64 @@ def test_the_version_the_servers_start_with_is_not_pushed_again():
     )
     trainer.run(range(3, 6))
     assert [name for name, _ in trainer.engine.pushes] == ["v4"]  # batches 3 and 4 come from version 3
+
+
+class HostCopy(list):
+    """A host copy of the weights that a weak reference can follow (a plain list cannot), counted by identity."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
+class CountingEngine(RecordingEngine):
+    """Counts the host copies alive (rank 0's memory); its pushes keep none, as a server's push does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive: weakref.WeakSet = weakref.WeakSet()
+
+    def gather_weights(self, model, policy=None):
+        copy = HostCopy(super().gather_weights(model))
+        self.alive.add(copy)
+        return copy
+
+    def push(self, weights, version=None):
+        self.pushes.append((version, None))
+        self.version = version
+        return version
+
+    def count(self) -> int:
+        gc.collect()
+        return len(self.alive)
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_rank_0_holds_at_most_k_plus_1_host_copies(max_staleness):
+    """Counted as the trainer publishes and as the producer collects, up to a producer that waits at the planned end
+    while the trainer publishes its last versions (there every published version used to stay: K + 2 at K = 2)."""
+    last, counts = 10, []
+    engine = CountingEngine()
+
+    def collect(batch):
+        counts.append(engine.count())
+        return f"collection {batch}", [batch]
+
+    producer = RolloutProducer(collect, engine, max_staleness=max_staleness, first=0, last=last)
+    model = torch.nn.Linear(2, 1, bias=False)
+    producer.publish(0, model)
+    waited_at_the_end = False
+    for b in range(last):
+        producer.take(b)
+        time.sleep(0.01)  # the update: the producer runs ahead as far as its bound lets it
+        waited_at_the_end |= producer._next == last
+        model.weight.data.fill_(float(b + 1))
+        producer.publish(b + 1, model)
+        counts.append(engine.count())
+    producer.close()
+    assert waited_at_the_end or max_staleness == 0  # the control: the case that used to keep every version
+    assert max(counts) <= max_staleness + 1, counts
+    assert max(counts) == max_staleness + 1  # the bound is reached: the count is measured, not always small
+    assert [name for name, _ in engine.pushes] == [f"v{v}" for v in range(0, last - max_staleness)]
 
 
 # Two ranks, two prompts each per batch; dynamic sampling over one generation batch (no refill). Batch 0: rank 1's

@@ -9,7 +9,9 @@ difference for the metrics ``rollout/logprob_abs_diff/mean|max`` and raises once
 threshold for ``patience`` consecutive steps. Under ``torch.distributed`` the statistics are reduced over
 all ranks first, so every rank sees the same numbers and raises at the same step. A batch sampled from an older
 policy on purpose (``rollout.max_staleness``) is measured but not judged: there the difference is the off-policy
-gap the correction works against, not a fault.
+gap the correction works against, not a fault. A non-finite log-prob on either side (NaN or inf: weights that
+overflowed, or a server sampling from broken weights) is never noise and never staleness: it stops the run at once,
+whatever the step's staleness, saying how many tokens were non-finite on which side.
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ class LogprobCanary:
             raise ValueError(
                 f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}"
             )
-        diff = (engine_logprobs.detach().float() - trainer_logprobs.detach().float()).abs()
+        engine, trainer = engine_logprobs.detach().float(), trainer_logprobs.detach().float()
+        diff = (engine - trainer).abs()
         if mask is None:
             mask = torch.ones_like(diff, dtype=torch.bool)
         mask = mask.to(device=diff.device, dtype=torch.bool)
-        total = torch.stack([diff[mask].sum(), mask.sum().to(diff.dtype)])
+        non_finite = [(~torch.isfinite(side[mask])).sum().to(diff.dtype) for side in (engine, trainer)]
+        total = torch.stack([diff[mask].sum(), mask.sum().to(diff.dtype), *non_finite])
         worst = diff[mask].max() if mask.any() else diff.new_zeros(())
         if self.sync_dist:
             total = all_reduce(total)
@@ -67,6 +71,19 @@ class LogprobCanary:
         tokens = total[1].item()
         mean = total[0].item() / tokens if tokens else 0.0
         metrics = {MEAN_KEY: mean, MAX_KEY: worst.item()}
+        engine_bad, trainer_bad = int(total[2].item()), int(total[3].item())
+        if self.patience and (engine_bad or trainer_bad):
+            # `mean > threshold` is False for NaN: a non-finite gap would otherwise count as no strike at all.
+            raise RuntimeError(
+                f"Rollout engine and trainer log-probs are not finite: {engine_bad} of the engine's and {trainer_bad} "
+                f"of the trainer's {int(tokens)} response-token log-probs are NaN or inf (mean |difference| {mean}). "
+                + (
+                    "The engine sampled from non-finite weights or returned broken log-probs; "
+                    if engine_bad
+                    else "The trainer's weights or activations overflowed; "
+                )
+                + "the run stops at once instead of training on them."
+            )
         if not judge:
             return metrics
         if tokens and mean > self.threshold:

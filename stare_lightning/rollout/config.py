@@ -21,6 +21,12 @@ from stare_lightning.rollout.base import SamplingParams
 
 BACKENDS = ("auto", "vllm", "hf", "server")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# rollout.max_staleness's ceiling. Rank 0 keeps a full host copy of the weights for every version the producer may
+# still push (K + 1 of them), and samples many versions old train poorly (docs/results/async.md measures K <= 4).
+MAX_STALENESS = 8
+# rollout.server.host for Unix sockets in a private directory: reachable by this user on this host only.
+UNIX_HOST = "unix"
+LOCAL_HOSTS = (UNIX_HOST, *LOOPBACK_HOSTS)
 DEFAULT_MAX_TURNS = 4  # tool calls answered per episode when rollout.max_turns is null
 # vllm.LLM arguments the project sets itself, and where each comes from.
 ENGINE_OWNED_KEYS = {
@@ -57,10 +63,12 @@ class ServerConfig:
     """With launch=false: each server's base URL, e.g. http://rollout-node-1:8000."""
     count: int = 1
     """With launch=true: how many servers to start."""
-    host: str = "127.0.0.1"
-    """With launch=true: the address the servers listen on (loopback unless told otherwise)."""
+    host: str = UNIX_HOST
+    """With launch=true: where the servers listen. `unix`: a Unix socket each, in a directory only this user can
+    enter (no other local user can connect); else an address for TCP, e.g. 127.0.0.1 (loopback, open to every
+    local user) or 0.0.0.0 (every network)."""
     port: int = 0
-    """With launch=true: the first server's port, the others following it; 0: free ports."""
+    """With launch=true and a TCP host: the first server's port, the others following it; 0: free ports."""
     cpus: list[str] = field(default_factory=list)
     """With launch=true: the CPUs each server is pinned to, one entry per server (e.g. ["1"]); empty: no pinning."""
     gpus: list[str] = field(default_factory=list)
@@ -93,8 +101,19 @@ class ServerConfig:
         if not isinstance(self.token_env, str) or not self.token_env.isidentifier():
             raise ValueError(f"{p}token_env={self.token_env!r} is not allowed: must be an environment variable name")
         for url in self.urls:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or url.count("/") > 3:
-                raise ValueError(f"{p}urls entry {url!r} is not allowed: must be a base URL like http://host:8000")
+            unix = isinstance(url, str) and url.startswith(f"{UNIX_HOST}:/")
+            if not unix and (
+                not isinstance(url, str) or not url.startswith(("http://", "https://")) or url.count("/") > 3
+            ):
+                raise ValueError(
+                    f"{p}urls entry {url!r} is not allowed: must be a base URL like http://host:8000, or "
+                    "unix:/path/to/server.sock for a server on a Unix socket"
+                )
+        if self.host == UNIX_HOST and self.port != 0:
+            raise ValueError(
+                f"{p}port={self.port} does nothing with {p}host=unix: the servers listen on Unix sockets; set "
+                f"{p}host to an address (e.g. 127.0.0.1) to listen on TCP ports"
+            )
         if backend != "server":
             if self != ServerConfig():
                 raise ValueError(
@@ -107,7 +126,7 @@ class ServerConfig:
                 raise ValueError(f"{p}launch=false needs {p}urls: the base URLs of the running servers")
             launched_only = {
                 "count": 1,
-                "host": "127.0.0.1",
+                "host": UNIX_HOST,
                 "port": 0,
                 "cpus": [],
                 "gpus": [],
@@ -192,7 +211,7 @@ class RolloutConfig:
         if isinstance(self.server, Mapping):
             self.server = ServerConfig(**_plain(self.server))
         self.server.check(self.backend)
-        number(f"{p}max_staleness", self.max_staleness, low=0, integer=True)
+        check_max_staleness(self.max_staleness)
         if self.max_staleness and self.backend != "server":
             raise ValueError(
                 f"rollout.max_staleness={self.max_staleness} does nothing with rollout.backend={self.backend}: an "
@@ -244,6 +263,30 @@ class RolloutConfig:
             temperature=self.val_temperature if temperature is None else temperature,
             top_p=self.val_top_p if top_p is None else top_p,
         )
+
+
+def check_max_staleness(value: Any) -> None:
+    """``rollout.max_staleness``: an integer in [0, ``MAX_STALENESS``], refused with what it means and why the bound."""
+    try:
+        number("rollout.max_staleness", value, low=0, high=MAX_STALENESS, integer=True)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} (how many policy versions a step's samples may lag behind it; rank 0 holds K + 1 full copies "
+            "of the weights in host memory, and samples many versions old train poorly)"
+        ) from None
+
+
+def check_staleness_overrides(overrides: Sequence[str]) -> None:
+    """Check ``rollout.max_staleness`` given on the command line before Hydra composes: a value Hydra cannot merge
+    into the integer field would otherwise fail with its generic merge error, which does not say what the key
+    takes. A sweep is checked value by value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    mine = [o for o in overrides if o.partition("=")[0].lstrip("+~") == "rollout.max_staleness" and "=" in o]
+    for override in OverridesParser.create().parse_overrides(mine):
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            check_max_staleness(value)
 
 
 def _plain(value: Any) -> Any:

@@ -41,3 +41,26 @@ def checkpoint_name(name: str) -> str:
     for prefix in _WRAPPER_PREFIXES:
         name = name.replace(prefix, "")
     return name
+
+
+class NonFiniteWeights(ValueError):
+    """A weight the trainer was about to hand a rollout engine holds NaN or inf: nothing is pushed. A ``ValueError``:
+    the run ends with this one line (``user_errors``), before the step's checkpoint is written."""
+
+
+def finite_weights(weights: Iterator[tuple[str, torch.Tensor]], policy: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` as they are, raising ``NonFiniteWeights`` at the first tensor that holds NaN or inf. Every rank
+    sees the same full tensors, so every rank raises at the same one and none is left inside a collective.
+    ``policy`` says which weights these are in the message (e.g. "the policy after step 3")."""
+    for name, tensor in weights:
+        if tensor.is_floating_point():
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                bad = int(finite.numel() - finite.sum())
+                raise NonFiniteWeights(
+                    f"weight {name!r} of {policy} holds {bad} non-finite values (NaN or inf) of {tensor.numel()}: it "
+                    "was not pushed, the rollout servers keep their previous weights and the checkpoints written so "
+                    "far are intact; the update diverged (lower the learning rate, clip gradients, or check the "
+                    "loss and rewards for overflow)"
+                )
+        yield name, tensor

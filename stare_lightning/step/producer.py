@@ -107,17 +107,19 @@ class RolloutProducer:
         return max(self.first, batch - self.max_staleness)
 
     # -- the trainer's side ------------------------------------------------------------------------------------
-    def publish(self, version: int, model: torch.nn.Module) -> float:
+    def publish(self, version: int, model: torch.nn.Module, label: str | None = None) -> float:
         """Version ``version`` of the policy is ``model``'s weights now: gather them (every rank) for the producer.
-        Returns the seconds the gather took."""
+        Returns the seconds the gather took. ``label`` names these weights in an error (a weight holding NaN or
+        inf is refused here, before it can be pushed)."""
         started = time.perf_counter()
-        copy = self.engine.gather_weights(model)
+        copy = self.engine.gather_weights(model, policy=label or f"policy version {version}")
         with self._lock:
             self._raise_error()  # a producer that failed reports it at the trainer's first chance
             if version != self._published + 1:
                 raise RuntimeError(f"version {version} published after version {self._published}")
             self._copies[version] = copy
             self._published = version
+            self._drop_unneeded_copies()
             self._lock.notify_all()
         if self._thread.ident is None and not self._closed:  # started by the first version, once
             self._thread.start()
@@ -175,6 +177,9 @@ class RolloutProducer:
                         if distributed.is_distributed():  # no rank samples before rank 0's push is done
                             distributed.all_reduce(torch.zeros(1))
                         push = time.perf_counter() - started
+                    # The servers hold this version now: a reference kept here would hold a copy of the weights the
+                    # whole batch long, beyond the K + 1 the trainer may publish meanwhile.
+                    copy = None
                     collection, prompt_ids = self.collect_batch(self._next)
                     with self._lock:
                         self._ready[self._next] = Produced(self._next, version, collection, prompt_ids, idle, push)
@@ -198,10 +203,18 @@ class RolloutProducer:
             if self._closed:
                 return None, 0.0, None
             version = self.version_of(self._next)
-            for old in [v for v in self._copies if v < version]:
-                del self._copies[old]
+            self._drop_unneeded_copies()
             copy = self._copies.get(version)
         return version, time.perf_counter() - started, copy
+
+    def _drop_unneeded_copies(self) -> None:
+        """Forget the host copies no batch can need any more (call under the lock): those older than the next batch's
+        version. The producer is never behind the trainer's newest version by more than K (it collects batch ``b``
+        before the trainer publishes ``b + 1``), so at most K + 1 copies are left, the newest included (``drain``
+        pushes it). Pruned when the trainer publishes too: a producer waiting at the planned end would otherwise
+        keep every version published meanwhile."""
+        for old in [v for v in self._copies if v < self.version_of(self._next)]:
+            del self._copies[old]
 
     def _idle(self) -> bool:
         """The producer has collected every batch it may collect now (call under the lock)."""

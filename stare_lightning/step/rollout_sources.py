@@ -136,7 +136,7 @@ class AsyncRollouts:
                 group=distributed.new_side_group(),
                 servers_hold=index,  # the synced engine holds the weights the fit starts from
             )
-            self.producer.publish(index, policy)
+            self.producer.publish(index, policy, label=f"the policy at step {step}")
         taken = self.producer.take(index)
         ids = [item["id"] for item in batch]
         if taken.produced.prompt_ids != ids:
@@ -148,7 +148,8 @@ class AsyncRollouts:
 
     def publish(self, rollouts: StepRollouts, policy: torch.nn.Module) -> None:
         """After the step's optimizer steps (every rank): the next version, for the producer to push when needed."""
-        self.producer.publish(rollouts.taken.produced.batch + 1, policy)
+        version = rollouts.taken.produced.batch + 1
+        self.producer.publish(version, policy, label=f"the policy after step {version * self.steps_per_batch}")
 
     def drain(self) -> None:
         """Before validation: the servers get the trainer's current weights while the producer waits."""

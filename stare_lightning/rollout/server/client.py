@@ -10,10 +10,10 @@ ends the run with one line naming it instead of a hang.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from stare_lightning.rollout.server import http
 
 __all__ = ["Completion", "RolloutServerError", "ServerClient"]
 
@@ -45,24 +45,21 @@ class ServerClient:
 
     def _request(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
+        headers = {"Content-Type": "application/json"}
         if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as error:
-            detail = error.read()[:500].decode(errors="replace")
-            raise RolloutServerError(
-                f"rollout server {self.url} refused {method} {path}: HTTP {error.code} {detail}", status=error.code
-            ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
-            reason = getattr(error, "reason", error)
+            status, payload = http.request(self.url, method, path, data, headers, timeout or self.timeout)
+        except OSError as error:  # a timeout, a refused or reset connection, a socket that is gone
             raise RolloutServerError(
                 f"rollout server {self.url} did not answer {method} {path} within {timeout or self.timeout:g} s "
-                f"({reason})"
+                f"({error})"
             ) from None
+        if status >= 400:
+            detail = payload[:500].decode(errors="replace")
+            raise RolloutServerError(
+                f"rollout server {self.url} refused {method} {path}: HTTP {status} {detail}", status=status
+            )
         try:
             return json.loads(payload) if payload else {}
         except json.JSONDecodeError:

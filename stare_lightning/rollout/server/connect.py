@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from stare_lightning import distributed
-from stare_lightning.rollout.config import RolloutConfig, ServerConfig
+from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
+from stare_lightning.rollout.server.auth import check_token
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.engine import ServerRolloutEngine
+from stare_lightning.rollout.server.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
 
@@ -19,7 +22,11 @@ def connect_servers(
     server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path
 ) -> ServerRolloutEngine:
     launched, urls, token, problem = None, list(server.urls), os.environ.get(server.token_env), None
+    if server.transfer_dir is not None:
+        check_transfer_base(server.transfer_dir)
     if server.launch:
+        if token is not None:
+            check_token(token, f"${server.token_env}")
         token = token or secrets.token_urlsafe(32)
         if distributed.rank() == 0:
             try:
@@ -76,13 +83,22 @@ def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: in
     """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy."""
     from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
 
-    ports = [server.port + i for i in range(server.count)] if server.port else free_ports(server.count, server.host)
+    socket_dir = None
+    if server.host == UNIX_HOST:
+        # Made 0700 by mkdtemp: only this user (and root) may reach the sockets inside, so no other local user can
+        # open, and hold, a connection to the servers. On /dev/shm: a socket path must stay under 108 bytes.
+        socket_dir = Path(tempfile.mkdtemp(prefix="stare-lightning-servers-", dir=default_base()))
+        ports, sockets = [0] * server.count, [str(socket_dir / f"{i}.sock") for i in range(server.count)]
+    else:
+        ports = [server.port + i for i in range(server.count)] if server.port else free_ports(server.count, server.host)
+        sockets = [None] * server.count
     specs = [
         ServerSpec(
             port=port,
             host=server.host,
             cpus=server.cpus[i] if server.cpus else None,
             gpus=server.gpus[i] if server.gpus else None,
+            uds=sockets[i],
         )
         for i, port in enumerate(ports)
     ]
@@ -96,6 +112,7 @@ def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: in
         seed=seed,
         startup_timeout=server.startup_timeout,
         extra_args=["--gpu-memory-utilization", str(share)] if share is not None else [],
+        socket_dir=socket_dir,
     )
     launched.start()
     return launched

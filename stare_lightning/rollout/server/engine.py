@@ -9,23 +9,24 @@ collective. Every response says which version produced it, and one from any othe
 stops the run: no sample comes from weights the trainer no longer has, or from a half-finished push.
 
 The chunks travel as files in a directory the trainer and the servers both see: ``/dev/shm`` on one host, a shared
-file system across nodes (``rollout.server.transfer_dir``).
+file system across nodes (``rollout.server.transfer_dir``). The trainer holds that directory by descriptor and checks
+before every push that nobody replaced it (``transfer_dir.py``); a weight holding NaN or inf is refused as it is
+gathered, so it reaches no server.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
 from stare_lightning import distributed
 from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
 from stare_lightning.rollout.server.client import Completion, RolloutServerError, ServerClient
-from stare_lightning.rollout.weights import iter_full_weights
+from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+from stare_lightning.rollout.weights import finite_weights, iter_full_weights
 
 __all__ = ["ServerRolloutEngine", "sampling_request"]
 
@@ -61,7 +62,7 @@ class ServerRolloutEngine:
         self.version: str | None = None  # the weights every server holds (None: the checkpoint it started from)
         self.pushes = 0
         self.last_sync_seconds = 0.0
-        self._transfer_dir: Path | None = None
+        self._transfer_dir: TransferDirectory | None = None
         self._pool = ThreadPoolExecutor(max_workers=8 * len(self.clients), thread_name_prefix="rollout-server")
 
     # -- generation -------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ class ServerRolloutEngine:
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Gather the policy's full weights on every rank; rank 0 pushes them to every server (call on every rank)."""
         start = time.perf_counter()
-        weights = self.gather_weights(model, keep=False)
+        weights = self.gather_weights(model, keep=False, policy=f"the policy of weight push {self.pushes + 1}")
         if weights is not None:
             self.push(weights)
         else:  # every rank counts the pushes, so every rank checks its responses against the same version
@@ -143,11 +144,12 @@ class ServerRolloutEngine:
             distributed.all_reduce(torch.zeros(1))
         self.last_sync_seconds = time.perf_counter() - start
 
-    def gather_weights(self, model: torch.nn.Module, *, keep: bool = True):
+    def gather_weights(self, model: torch.nn.Module, *, keep: bool = True, policy: str = "the policy"):
         """The policy's full weights, gathered on every rank (FSDP2's collectives, so every rank calls this), as
         ``(name, tensor)`` pairs on rank 0 and None elsewhere. ``keep``: host copies, to push later while the
-        trainer goes on changing its parameters; else a generator the caller must run out at once."""
-        weights = iter_full_weights(model)
+        trainer goes on changing its parameters; else a generator the caller must run out at once. A tensor
+        holding NaN or inf raises ``NonFiniteWeights`` on every rank (``policy`` names the weights in the message)."""
+        weights = finite_weights(iter_full_weights(model), policy)
         if distributed.rank() != 0:
             with torch.no_grad():
                 for _ in weights:  # the gathers are collectives: every rank runs them, in the same order
@@ -161,22 +163,37 @@ class ServerRolloutEngine:
     def push(self, weights, version: str | None = None) -> str:
         """Send ``weights`` (rank 0's ``gather_weights``) to every server under ``version`` (default: the next
         ``push-N``) and return it. Rank 0 only, and no collective: the caller makes the other ranks wait."""
-        from stare_lightning.rollout.server.transfer import new_transfer_directory, write_chunks
+        from stare_lightning.rollout.server.transfer import write_chunks
 
         self.pushes += 1
         version = version or f"push-{self.pushes}"
-        with torch.no_grad():
-            if self._transfer_dir is None:
-                self._transfer_dir = new_transfer_directory(self.transfer_under)
-                self._each(lambda c: c.init_transfer({"directory": str(self._transfer_dir)}))
+        directory = self._directory()
+        try:
+            directory.check_in_place()
+            # Every chunk is written before a server is paused: a weight refused while packing (a dtype, NaN) then
+            # leaves the servers serving, with no round open.
+            with torch.no_grad():
+                chunks = list(write_chunks(weights, directory, chunk_bytes=self.chunk_bytes))
             self._each(ServerClient.begin_push)
-            for chunk in write_chunks(weights, self._transfer_dir, chunk_bytes=self.chunk_bytes):
+            for chunk in chunks:
                 self._each(lambda c, chunk=chunk: c.send_chunk(chunk))
             self._each(lambda c: c.end_push(version))
-            for leftover in self._transfer_dir.iterdir():
-                leftover.unlink()
+        finally:
+            directory.clear()
         self.version = version
         return version
+
+    def _directory(self) -> TransferDirectory:
+        """The run's transfer directory, made (and announced to every server) at the first push."""
+        if self._transfer_dir is None:
+            directory = TransferDirectory(self.transfer_under)
+            try:
+                self._each(lambda c: c.init_transfer({"directory": str(directory.path)}))
+            except BaseException:
+                directory.remove()
+                raise
+            self._transfer_dir = directory
+        return self._transfer_dir
 
     def expect_version(self, version: str) -> None:
         """On a rank that did not push: the servers now hold ``version`` (rank 0 pushed it)."""
@@ -201,7 +218,7 @@ class ServerRolloutEngine:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._transfer_dir is not None:
-            shutil.rmtree(self._transfer_dir, ignore_errors=True)
+            self._transfer_dir.remove()
             self._transfer_dir = None
         if self.launched is not None:
             self.launched.stop()

@@ -1,23 +1,27 @@
 """Start and stop stock vLLM servers for ``rollout=server``: one process group per server, its output in a log file,
-its weight-transfer backend and token guard configured, ready once ``GET /health`` answers 200."""
+its weight-transfer backend and token guard configured, ready once ``GET /health`` answers 200.
+
+A server listens on TCP (``host``, ``port``) or, for servers only the trainer on this host talks to, on a Unix socket
+(``uds``, vLLM's ``--uds``) in a directory of mode 0700: the kernel then keeps every other local user off it (the
+stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections)."""
 
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stare_lightning.rollout.server.auth import TOKEN_ENV
+from stare_lightning.rollout.server import http
+from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.transfer import BACKEND
 
 __all__ = ["LaunchedServers", "ServerSpec", "ServerStartError", "free_ports"]
@@ -37,11 +41,19 @@ class ServerSpec:
     host: str = "127.0.0.1"
     cpus: str | None = None  # CPU list for its affinity and vLLM's OpenMP binding, e.g. "1" or "0-3"
     gpus: str | None = None  # its CUDA_VISIBLE_DEVICES
+    uds: str | None = None  # a Unix socket path to listen on instead of host and port
 
     @property
     def url(self) -> str:
+        if self.uds is not None:
+            return http.UNIX_SCHEME + self.uds
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        """What its log file is named after: the port, or the socket's file name."""
+        return os.path.splitext(os.path.basename(self.uds))[0] if self.uds is not None else str(self.port)
 
 
 class ServerStartError(RuntimeError):
@@ -78,14 +90,14 @@ class LaunchedServers:
         kv_cache_memory_bytes: int | None = None,
         startup_timeout: float = 600.0,
         extra_args: Sequence[str] = (),
+        socket_dir: Path | None = None,
     ) -> None:
         if not specs:
             raise ValueError("LaunchedServers needs at least one ServerSpec")
-        if not token:
-            raise ValueError("LaunchedServers needs a token: every request to the servers must carry it")
-        ports = [(spec.host, spec.port) for spec in specs]
+        check_token(token, "the servers' token")
+        ports = [spec.uds or (spec.host, spec.port) for spec in specs]
         if len(set(ports)) != len(ports):
-            raise ValueError(f"two servers on the same host and port: {ports}")
+            raise ValueError(f"two servers on the same address: {ports}")
         self.model_dir, self.specs, self.log_dir, self.token = str(model_dir), list(specs), Path(log_dir), token
         self.dtype, self.seed, self.max_model_len = dtype, seed, max_model_len
         self.kv_cache_memory_bytes, self.startup_timeout, self.extra_args = (
@@ -93,6 +105,7 @@ class LaunchedServers:
             startup_timeout,
             list(extra_args),
         )
+        self.socket_dir = socket_dir  # the private directory of the servers' Unix sockets, removed at stop
         self.urls: list[str] = [spec.url for spec in self.specs]
         self._processes: dict[str, subprocess.Popen] = {}
 
@@ -105,12 +118,13 @@ class LaunchedServers:
 
     def log_path(self, url: str) -> Path:
         spec = self.specs[self.urls.index(url)]
-        return self.log_dir / f"server-{spec.port}.log"
+        return self.log_dir / f"server-{spec.name}.log"
 
     def command(self, spec: ServerSpec) -> list[str]:
         """The server's command line."""
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir]
-        args += ["--host", spec.host, "--port", str(spec.port), "--dtype", self.dtype, "--seed", str(self.seed)]
+        args += ["--uds", spec.uds] if spec.uds is not None else ["--host", spec.host, "--port", str(spec.port)]
+        args += ["--dtype", self.dtype, "--seed", str(self.seed)]
         args += ["--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
         args += ["--weight-transfer-config", json.dumps({"backend": BACKEND}), "--enable-scale-out"]
         args += ["--middleware", MIDDLEWARE, "--disable-uvicorn-access-log"]
@@ -169,12 +183,18 @@ class LaunchedServers:
             # The group goes too: workers the server started may outlive it.
             _signal_group(process, signal.SIGKILL)
             process.wait()
+        if self.socket_dir is not None and not self._processes:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def dead(self) -> list[tuple[str, int]]:
         """``(url, returncode)`` of each started server whose process has exited."""
         return [(url, process.returncode) for url, process in self._processes.items() if process.poll() is not None]
 
     def _check_port(self, spec: ServerSpec, url: str) -> None:
+        if spec.uds is not None:
+            if os.path.lexists(spec.uds):
+                raise ServerStartError(f"rollout server {url} cannot listen: {spec.uds} exists")
+            return
         with socket.socket(_family(spec.host), socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
             try:
@@ -185,6 +205,8 @@ class LaunchedServers:
     def _spawn(self, spec: ServerSpec, url: str) -> subprocess.Popen:
         cpus = _parse_cpus(spec.cpus) if spec.cpus is not None else None
         with open(self.log_path(url), "ab") as log:
+            log.write(f"# rollout server {url}\n".encode())  # which server this log is (a socket's name says little)
+            log.flush()
             return subprocess.Popen(
                 self.command(spec),
                 stdin=subprocess.DEVNULL,
@@ -249,9 +271,8 @@ def _parse_cpus(text: str) -> set[int]:
 
 def _healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
+        return http.request(url, "GET", "/health", None, {}, timeout=5)[0] == 200
+    except OSError:
         return False
 
 

@@ -1,10 +1,11 @@
 """Weight pushes through files, the ``stare_lightning_files`` weight-transfer backend's wire format.
 
-The trainer packs its tensors into chunk files in a private directory (``write_chunks``) and posts each chunk's
-JSON description (an ``update_info``: file name, tensor names, dtype names, shapes, byte sizes) to the server's
-``/update_weights``. The server's side (``transfer_engine.py``, loaded by vLLM through ``plugin.py``) checks every
-description here (``parse_chunk``) and against the served checkpoint (``checkpoint_shapes``) before it reads a
-byte. Nothing is unpickled: descriptions are JSON, chunks are raw little-endian tensor bytes.
+The trainer packs its tensors into chunk files in a private directory it holds by descriptor (``write_chunks``,
+``transfer_dir.py``) and posts each chunk's JSON description (an ``update_info``: file name, tensor names, dtype
+names, shapes, byte sizes) to the server's ``/update_weights``. The server's side (``transfer_engine.py``, loaded
+by vLLM through ``plugin.py``) checks every description here (``parse_chunk``) and against the served checkpoint
+(``checkpoint_shapes``) before it reads a byte. Nothing is unpickled: descriptions are JSON, chunks are raw
+little-endian tensor bytes.
 
 This module does not import vLLM: the trainer uses it without.
 """
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
 
 __all__ = [
     "BACKEND",
@@ -28,7 +29,6 @@ __all__ = [
     "ChunkSpec",
     "TransferRefused",
     "checkpoint_shapes",
-    "new_transfer_directory",
     "parse_chunk",
     "write_chunks",
 ]
@@ -66,25 +66,20 @@ class ChunkSpec:
         return sum(self.sizes)
 
 
-def new_transfer_directory(under: str | Path | None = None) -> Path:
-    """A fresh directory only this user may enter (mode 0700): inside ``under`` when given (a directory the servers
-    see too, e.g. on a shared file system), else on /dev/shm when it is there and writable (the chunks then never
-    reach a disk), else in tempfile's directory. The caller removes it."""
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-    return Path(tempfile.mkdtemp(prefix="stare-lightning-weights-", dir=str(under) if under is not None else base))
-
-
 def write_chunks(
-    weights: Iterable[tuple[str, torch.Tensor]], directory: Path, chunk_bytes: int = 64 << 20
+    weights: Iterable[tuple[str, torch.Tensor]], directory: ChunkDirectory | str | Path, chunk_bytes: int = 64 << 20
 ) -> Iterator[dict]:
-    """Pack ``(name, tensor)`` pairs into ``directory/chunk-<k>.bin`` files of about ``chunk_bytes`` each and yield
-    each chunk's ``update_info`` as soon as its file is written, so the caller can post it while the next one is
-    packed. A tensor larger than ``chunk_bytes`` gets a chunk of its own. Tensors go to the CPU, detached and
-    contiguous; their dtype must be one of ``DTYPES``."""
+    """Pack ``(name, tensor)`` pairs into new files ``chunk-<k>.bin`` of about ``chunk_bytes`` each in ``directory``
+    and yield each chunk's ``update_info`` as soon as its file is written. A tensor larger than ``chunk_bytes`` gets
+    a chunk of its own. Tensors go to the CPU, detached and contiguous; their dtype must be one of ``DTYPES``.
+    Files are created relative to the directory's descriptor, never by path, and never over an existing name
+    (``ChunkDirectory.create``); a path is opened as a ``ChunkDirectory`` for the duration."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    directory = Path(directory)
+    if not isinstance(directory, ChunkDirectory):
+        with ChunkDirectory(directory) as opened:
+            yield from write_chunks(weights, opened, chunk_bytes)
+        return
     pending: list[tuple[str, torch.Tensor]] = []
     pending_bytes, index = 0, 0
     for name, tensor in weights:
@@ -111,9 +106,9 @@ def _wire_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu", copy=True).contiguous()
 
 
-def _write_chunk(directory: Path, index: int, tensors: list[tuple[str, torch.Tensor]]) -> dict:
+def _write_chunk(directory: ChunkDirectory, index: int, tensors: list[tuple[str, torch.Tensor]]) -> dict:
     file = f"chunk-{index}.bin"
-    with open(directory / file, "wb") as out:
+    with directory.create(file) as out:
         for _, tensor in tensors:
             out.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return {

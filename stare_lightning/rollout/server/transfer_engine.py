@@ -6,8 +6,14 @@ against the served checkpoint) and stages copies of its tensors; only ``finish_w
 through vLLM's layerwise reload (the same steps as ``reload_weights(is_checkpoint_format=True)``), and only when
 the round carries every tensor of the checkpoint exactly once. An interrupted layerwise reload leaves layers on
 the meta device and kills the engine at its next forward, so every refusal happens before it starts: a refused
-chunk or round leaves the model serving its previous weights. After a refused ``finish_weight_update`` vLLM still
-counts the round as open; a second ``finish_weight_update`` closes it without touching the model.
+chunk or round leaves the model serving its previous weights. A chunk holding NaN or inf is refused too: served, it
+would sample garbage under the new version and leave non-finite values in reused KV-cache blocks.
+
+The transfer directory must belong to this server's user and be closed to everyone else (the trainer runs as that
+user); it is opened once, and every chunk relative to it, so a path renamed or replaced later changes nothing.
+
+After a refused ``finish_weight_update`` vLLM still counts the round as open; a second ``finish_weight_update``
+closes it without touching the model.
 
 Imported only in vLLM's processes (``plugin.py`` registers it by module path).
 """
@@ -74,13 +80,23 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
         directory = init_info.directory
         if not isinstance(directory, str) or not os.path.isabs(directory):
             raise TransferRefused(f"init_info.directory must be an absolute path, got {directory!r}")
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            mode = os.fstat(fd).st_mode
-            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            raise TransferRefused(f"transfer directory {directory} cannot be opened as a directory: {err}") from None
+        try:
+            status = os.fstat(fd)
+            if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise TransferRefused(
-                    f"transfer directory {directory} is writable by other users (mode {stat.S_IMODE(mode):o}); "
-                    "chunk files must come from the trainer alone: use a 0700 directory"
+                    f"transfer directory {directory} is writable by other users (mode "
+                    f"{stat.S_IMODE(status.st_mode):o}); chunk files must come from the trainer alone: use a 0700 "
+                    "directory"
+                )
+            if status.st_uid != os.geteuid():
+                # Mode bits say nothing of who made it: another user's directory holds that user's chunks.
+                raise TransferRefused(
+                    f"transfer directory {directory} is owned by uid {status.st_uid}, not by this server's user "
+                    f"(uid {os.geteuid()}): chunk files must come from the trainer, which runs as the server's user"
                 )
             expected = self._expected if self._expected is not None else checkpoint_shapes(self.model_config.model)
         except BaseException:
@@ -158,10 +174,14 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
             raise TransferRefused(
                 f"chunk file {chunk.file!r} in {self._directory} cannot be opened as a file: {err}"
             ) from err
+        # Checked on the descriptor before it becomes a stream: a stream refuses a directory with an error that names
+        # the descriptor's number, not the chunk.
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
+            os.close(fd)
+            what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
+            raise TransferRefused(f"chunk file {chunk.file!r} in {self._directory} {what}")
         with os.fdopen(fd, "rb", buffering=0) as stream:
-            status = os.fstat(stream.fileno())
-            if not stat.S_ISREG(status.st_mode):
-                raise TransferRefused(f"chunk file {chunk.file!r} in {self._directory} is not a regular file")
             if status.st_size != chunk.total_bytes:
                 raise TransferRefused(
                     f"chunk file {chunk.file!r} holds {status.st_size} bytes; its tensors' sizes add up to "
@@ -171,6 +191,12 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
             for name, dtype, shape in zip(chunk.names, chunk.dtype_names, chunk.shapes):
                 tensor = torch.empty(shape, dtype=DTYPES[dtype])
                 _read_exactly(stream, tensor.reshape(-1).view(torch.uint8).numpy(), chunk.file)
+                finite = torch.isfinite(tensor)
+                if not bool(finite.all()):
+                    raise TransferRefused(
+                        f"chunk file {chunk.file!r}: tensor {name!r} holds {int(finite.numel() - finite.sum())} "
+                        "non-finite values (NaN or inf); the model keeps its weights"
+                    )
                 staged[name] = tensor
         self._staged.update(staged)
 
