@@ -78,6 +78,8 @@ def test_site_builds_strictly_with_every_reference_page(tmp_path, keys):
     # The summary example is the real table of a committed run, at 80 columns.
     started = (site / "getting-started" / "index.html").read_text()
     assert "train/quadrant/exact/pos_high/tokens" in started and "summary-example" not in started
+    # The three things to try stay three list items around the indented code block of the first.
+    assert started.split('id="the-next-three-things-to-try"')[1].split("</ol>")[0].count("<li>") == 3
 
 
 def test_every_schema_field_has_a_description(keys):
