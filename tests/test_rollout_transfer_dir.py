@@ -136,3 +136,17 @@ print(json.dumps({{"renamed": os.path.isdir(parent + "/weights-moved/" + name)}}
     finally:
         directory.remove()
     assert (parent / "weights" / directory.name).is_dir()  # the planted directory is left to its owner
+
+
+def test_a_process_that_ends_without_closing_leaves_no_directory(tmp_path):
+    """A run that stops on an error may never close its engine: the directory (on /dev/shm: memory) goes at exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from stare_lightning.rollout.server.transfer_dir import TransferDirectory; "
+        "d = TransferDirectory(sys.argv[1]); print(d.path); raise SystemExit(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3 and done.stdout.strip().startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -103,16 +103,21 @@ def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: in
         for i, port in enumerate(ports)
     ]
     share = server.gpu_memory_utilization
-    launched = LaunchedServers(
-        model_dir,
-        specs,
-        log_dir=log_dir,
-        token=token,
-        dtype=dtype,
-        seed=seed,
-        startup_timeout=server.startup_timeout,
-        extra_args=["--gpu-memory-utilization", str(share)] if share is not None else [],
-        socket_dir=socket_dir,
-    )
+    try:
+        launched = LaunchedServers(
+            model_dir,
+            specs,
+            log_dir=log_dir,
+            token=token,
+            dtype=dtype,
+            seed=seed,
+            startup_timeout=server.startup_timeout,
+            extra_args=["--gpu-memory-utilization", str(share)] if share is not None else [],
+            socket_dir=socket_dir,
+        )
+    except BaseException:
+        if socket_dir is not None:  # from here on the servers' stop removes it
+            socket_dir.rmdir()
+        raise
     launched.start()
     return launched

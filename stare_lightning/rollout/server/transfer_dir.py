@@ -20,6 +20,7 @@ relative to its own descriptor.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import stat
@@ -115,6 +116,8 @@ class TransferDirectory(ChunkDirectory):
         status = os.fstat(fd)
         self.path, self.name, self._fd, self._base_fd = base / name, name, fd, base_fd
         self._identity = (status.st_dev, status.st_ino)
+        # A run that ends on an error may never reach the engine's close: /dev/shm is memory, leave nothing there.
+        atexit.register(self.remove)
 
     def check_in_place(self) -> None:
         """Raise ``UnsafeTransferDirectory`` unless the path still names the directory this object holds."""
@@ -132,6 +135,7 @@ class TransferDirectory(ChunkDirectory):
 
     def remove(self) -> None:
         """Delete the chunks and the directory (only if the path still names it), and close the descriptors."""
+        atexit.unregister(self.remove)
         if self._fd is None:
             return
         self.clear()
