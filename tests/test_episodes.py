@@ -20,7 +20,8 @@ from stare_lightning.step.batch import build_rollout_batch
 from stare_lightning.step.loss import micro_batch_loss
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.plan import LossPlan
-from stare_lightning.step.selection import TokenSelection, step_selection
+from stare_lightning.step.scoring import TokenScores
+from stare_lightning.step.selection import TokenSelection
 from stare_lightning.tools import ToolResult, build_format, build_tool
 
 # One xdist worker runs this module: its tests share the tool policy's cold start (a module fixture; another
@@ -271,14 +272,17 @@ def test_values_at_tool_tokens_change_neither_selection_nor_loss(experience):
             other = torch.full(shape, (-1e3 if name != "phi" else 1e3) * (trial + 1))
             values[name] = torch.where(tool_tokens, other, value)
         params = StepParams(gate_on=True, w=3.0, m=0.0)
-        omega, stats = step_selection(values["logprobs"], batch.advantages, batch.response_mask, values["phi"],
-                                      alg.stare, params, group_size=4)  # fmt: skip
-        assert not (stats.selected & tool_tokens).any()
+        zeros = torch.zeros(shape)
+        scores = TokenScores(logprobs=values["logprobs"], entropy=zeros, sum_p2=zeros, sum_p2_logp=zeros,
+                             phi=values["phi"])  # fmt: skip
+        selection = TokenSelection.resolve(alg.stare, group_size=4).over_step(scores, batch, params)
+        omega = selection.omega
+        assert not (selection.selected & tool_tokens).any()
         normalizer = step_normalizer(batch, max_response_length=BUDGET, device=torch.device("cpu"))
         loss, sums = policy_loss(values["logprobs"], values["old"], batch.advantages, batch.response_mask,
                                  LossSpec.of(alg), normalizer, token_weights=omega,
                                  ref_logprobs=values["ref"])  # fmt: skip
-        outcomes.append((loss, stats.selected, sums["tokens"]))
+        outcomes.append((loss, selection.selected, sums["tokens"]))
     assert torch.equal(outcomes[0][1], outcomes[1][1])
     assert outcomes[0][0].item() == outcomes[1][0].item() and torch.isfinite(outcomes[0][0])
     assert outcomes[0][2].item() == batch.response_mask.sum().item()  # the normaliser counts policy tokens only

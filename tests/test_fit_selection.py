@@ -1,7 +1,7 @@
 """STARE's logged selection is the one the loss applied, in every selection timing, in real fits.
 
 The loss's STARE weights are recorded as they are handed to the loss (an observing wrapper around
-``micro_batch_stare_weights``; the computation is untouched); the share of positive-advantage tokens they
+``TokenSelection.in_micro_batch``; the computation is untouched); the share of positive-advantage tokens they
 weight by W must equal the logged ``train/stare/selected_frac/pos`` of the same step.
 """
 
@@ -40,29 +40,31 @@ def run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2):
     """Run a short fit, recording per optimizer step (global_step) the share of T+ tokens the loss weighted
     by W and, per call, the micro-batch's inputs and applied omega. Returns (module, logged rows, records)."""
     from stare_lightning import train
-    from stare_lightning.step import selection as loss_module
+    from stare_lightning.step.selection import TokenSelection
 
     records: list[dict] = []
-    original = loss_module.micro_batch_stare_weights
+    original = TokenSelection.in_micro_batch
     holder = {}
 
-    def observed(alg, **kwargs):
-        omega, selected = original(alg, **kwargs)
-        positive = (kwargs["advantages"].reshape(-1, 1) > 0) & kwargs["mask"]
+    def observed(self, part, stats, old_logprobs, params, *, seed):
+        omega, selected = original(self, part, stats, old_logprobs, params, seed=seed)
+        positive = (part.advantages.reshape(-1, 1) > 0) & part.response_mask
         chosen = (omega == W) & positive if omega is not None else torch.zeros_like(positive)
+        current = stats.logprobs.detach()
+        inputs = {"advantages": part.advantages, "mask": part.response_mask, "current_logprobs": current}
         records.append(
             {
                 "optimizer_step": holder["module"].global_step,
                 "chosen": float(chosen.sum()),
                 "positive": float(positive.sum()),
                 "omega": omega,
-                "inputs": {k: v for k, v in kwargs.items() if k in ("advantages", "mask", "current_logprobs")},
-                "params": kwargs["params"],
+                "inputs": inputs,
+                "params": params,
             }
         )
         return omega, selected
 
-    monkeypatch.setattr(loss_module, "micro_batch_stare_weights", observed)
+    monkeypatch.setattr(TokenSelection, "in_micro_batch", observed)
     common = [f"trainer.max_steps={max_steps}", "trainer.val_check_interval=100", "validation.before_fit=false"]
     cfg = compose_run(tmp_path, [*common, f"algorithm.stare.w={W}", "algorithm.stare.target_entropy=100.0", *overrides])
     module, datamodule = train._setup(cfg)

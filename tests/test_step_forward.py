@@ -13,7 +13,7 @@ from stare_lightning.step import Experience, LossPlan, micro_batch_loss, micro_b
 from stare_lightning.step.forward import PADDED, ForwardLayout, PackedRows, response_token_stats
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import score_batch
-from stare_lightning.step.selection import TokenSelection, step_selection
+from stare_lightning.step.selection import TokenSelection
 from tests.experiences import on_policy_experience
 from tests.test_official_semantics import official_config
 
@@ -166,8 +166,7 @@ def test_the_step_scope_selection_is_unchanged(policy, name):
     for layout in (PADDED, LAYOUTS[name]):
         scores = score_batch(policy, batch, temperature=TEMPERATURE, chunk_size=7, micro_batch_tokens=64,
                              layout=layout)  # fmt: skip
-        _, selection = step_selection(scores.logprobs, batch.advantages, batch.response_mask, scores.phi, alg.stare,
-                                      params, group_size=3)  # fmt: skip
+        selection = TokenSelection.resolve(alg.stare, group_size=3).over_step(scores, batch, params)
         selections.append(selection.selected)
     assert selections[0].any() and torch.equal(selections[0], selections[1])
 

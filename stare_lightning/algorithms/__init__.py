@@ -21,6 +21,7 @@ _EXPORTS = {
     "policy_loss": "stare_lightning.algorithms.objective",
     "entropy_sensitivity": "stare_lightning.algorithms.sensitivity",
     "predicted_entropy_change": "stare_lightning.algorithms.sensitivity",
+    "STARERule": "stare_lightning.algorithms.stare",
     "STAREStats": "stare_lightning.algorithms.stare",
     "stare_token_weights": "stare_lightning.algorithms.stare",
     "stare_weights_for_scope": "stare_lightning.algorithms.stare",

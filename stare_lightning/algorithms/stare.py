@@ -45,6 +45,7 @@ __all__ = [
     "STARE_SCOPES",
     "STARE_SELECTORS",
     "STARE_VARIANTS",
+    "STARERule",
     "STAREStats",
     "stare_token_weights",
     "stare_weights_for_scope",
@@ -77,8 +78,15 @@ class STAREStats:
 
 
 @dataclass(frozen=True)
-class _Rule:
-    """How selected tokens are weighted: the variant, P, W, M and the gate."""
+class STARERule:
+    """How one selection ranks and weights tokens: the variant, P, W, M, the gate and the ranking's conventions.
+
+    variant: "O1" (omega = W on L+) or "C2" (also omega = M on L-); top_ratio: P; gate_on: False gives every
+    weight 1 (the selection is still made, for telemetry); selector: a ``STARE_SELECTORS`` name (what ranks the
+    tokens); k_rounding: "ceil" (ceil(P n) with a 1e-7 tolerance) or "reference" (int(P n + 0.999999), the
+    reference code's); tie_order: "position" (the earlier token wins a tie) or "topk" (torch.topk's order, the
+    reference code's). Range checks belong to ``STAREConfig``; a rule is built from checked settings.
+    """
 
     variant: str = "O1"
     top_ratio: float = 0.1
@@ -86,8 +94,18 @@ class _Rule:
     m: float = 0.9
     gate_on: bool = True
     selector: str = "surprisal"
-    k_rounding: str = "ceil"  # ceil: ceil(P n) (1e-7 tolerance); reference: int(P n + 0.999999), the reference code's
-    tie_order: str = "position"  # position: the earlier token wins a tie | topk: torch.topk's (the reference code's)
+    k_rounding: str = "ceil"
+    tie_order: str = "position"
+
+    @classmethod
+    def of(cls, **settings) -> STARERule:
+        """A rule from keyword settings, naming any that is not a rule field."""
+        unknown = set(settings) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown STARE arguments {sorted(unknown)}: a rule takes {sorted(cls.__dataclass_fields__)}"
+            )
+        return cls(**settings)
 
     def ranking(self) -> tuple[float, str, str]:
         """The arguments of ``_select_top`` after the segments: P, the k rule and the tie order."""
@@ -182,7 +200,7 @@ def _stream(logprobs, advantages, masks, extras, selector, seg_of_row, num_seg, 
 
 
 def _part_results(
-    stream: _Stream, sel_pos: Tensor, sel_neg: Tensor, rule: _Rule
+    stream: _Stream, sel_pos: Tensor, sel_neg: Tensor, rule: STARERule
 ) -> tuple[list[Tensor], list[STAREStats]]:
     """Split the stream's selection back into per-part weights and stats."""
     weights_out, stats_out = [], []
@@ -216,7 +234,7 @@ def _part_results(
 
 
 def _select(
-    stream: _Stream, num_seg: int, rule: _Rule, gather: Callable[[Tensor], Tensor] | None, rank: int | None
+    stream: _Stream, num_seg: int, rule: STARERule, gather: Callable[[Tensor], Tensor] | None, rank: int | None
 ) -> tuple[Tensor, Tensor]:
     """Select within each segment locally, or (``gather`` given) over all ranks' streams concatenated."""
     if gather is None:
@@ -236,16 +254,15 @@ def stare_token_weights(
     sensitivity: Tensor | None = None,
     entropy: Tensor | None = None,
     generator: torch.Generator | None = None,
-    **rule,
+    rule: STARERule | None = None,
+    **settings,
 ) -> tuple[Tensor, STAREStats]:
     """STARE weights [B, T] (float32, no gradient) selected over exactly the tokens given.
 
     logprobs: [B, T] log pi(o) (surprisal = -logprobs); advantages: [B] or [B, T]; mask: [B, T];
     sensitivity: Phi [B, T], required when selector == "sensitivity" (rank by Phi, highest first); entropy: the
     predictive entropy [B, T], required by selector "entropy"; generator: the draw of selector "random".
-    ``rule``: variant ("O1"), top_ratio (0.1), w (1.1), m (0.9), gate_on (True), selector ("surprisal"),
-    k_rounding ("ceil"; "reference": the reference code's int(P n + 0.999999)), tie_order ("position";
-    "topk": the reference code's).
+    ``rule``: a ``STARERule``, or its fields as keyword ``settings`` (variant="C2", top_ratio=0.2, ...).
     """
     return stare_weights_for_scope(
         logprobs,
@@ -255,7 +272,8 @@ def stare_token_weights(
         sensitivity=sensitivity,
         entropy=entropy,
         generator=generator,
-        **rule,
+        rule=rule,
+        **settings,
     )
 
 
@@ -289,7 +307,8 @@ def stare_weights_for_scope(
     sensitivity: TensorOrList | None = None,
     entropy: TensorOrList | None = None,
     generator: torch.Generator | None = None,
-    **rule,
+    rule: STARERule | None = None,
+    **settings,
 ):
     """STARE weights with the selection scope made explicit.
 
@@ -301,14 +320,13 @@ def stare_weights_for_scope(
     call it); "micro_batch", a separate selection inside each part (the reference code's behaviour);
     "sequence", inside each row; "group", inside each block of `group_size` consecutive rows counted
     across the parts (the rows must be a multiple of group_size). Only "step" communicates.
-    ``rule``: as for `stare_token_weights`.
+    ``rule``: a ``STARERule``, or its fields as keyword ``settings``, not both.
     """
     if scope not in STARE_SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed: choose one of {STARE_SCOPES}")
-    unknown = set(rule) - set(_Rule.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"unknown STARE arguments {sorted(unknown)}")
-    rule = _Rule(**rule)
+    if rule is not None and settings:
+        raise ValueError(f"pass a STARERule or its settings {sorted(settings)}, not both")
+    rule = rule if rule is not None else STARERule.of(**settings)
     single = isinstance(logprobs, Tensor)
 
     def parts(x):

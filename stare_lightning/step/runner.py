@@ -132,7 +132,7 @@ class StepRunner:
         logits_before = self._response_logits(batch) if self.same_batch_entropy else None
         lap("telemetry")
         scores = self._score(batch, logits_before) if self.plan.scoring_pass else None
-        entropy, params = self.gate.measure(scores, batch) if scores is not None else (float("nan"), GRPO_PARAMS)
+        entropy, params = self._gate(scores, batch) if scores is not None else (float("nan"), GRPO_PARAMS)
         experience = self._experience(batch, scores, params, seed)
         lap("score")
         update = self._update(experience, params, seed)
@@ -140,7 +140,7 @@ class StepRunner:
         selections = update.selections
         if scores is None:  # the update's first forward scored the batch; what STARE would have done, for telemetry
             scores = update.first_pass
-            entropy, params = self.gate.measure(scores, batch)
+            entropy, params = self._gate(scores, batch)
             selections = [self.selection.over_step(scores, batch, params, seed=seed)]
         change = None
         if logits_before is not None:
@@ -158,6 +158,11 @@ class StepRunner:
         )
 
     # ------------------------------------------------------------------------------------ score, gate, select
+    def _gate(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
+        """H_k, and this step's STARE parameters once the gate's controller has stepped on it."""
+        reading = self.gate.measure(scores, batch)
+        return reading.entropy, self.gate.advance(reading)
+
     def _response_logits(self, batch: RolloutBatch) -> list[Tensor]:
         forward = self.plan.forward
         return response_logits(self.policy, batch, micro_batch_tokens=forward.micro_batch_tokens, layout=forward.layout)

@@ -20,7 +20,7 @@ The paper ranks the current policy's surprisal; its reference code re-selects pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import torch
@@ -29,14 +29,13 @@ from torch import Tensor
 from stare_lightning.algorithms import (
     AdaptiveEntropyCoefficient,
     STAREController,
-    STAREStats,
     TokenStats,
     aggregate_loss,
     entropy_sensitivity,
 )
 from stare_lightning.algorithms.config import STAREConfig
 from stare_lightning.algorithms.selectors import STARE_SELECTORS
-from stare_lightning.algorithms.stare import stare_weights_for_scope
+from stare_lightning.algorithms.stare import STARERule, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.distributed import all_reduce
 from stare_lightning.distributed import rank as global_rank
@@ -46,13 +45,12 @@ from stare_lightning.step.scoring import TokenScores
 
 __all__ = [
     "Gate",
+    "GateReading",
     "Selection",
     "SelectionTiming",
     "TokenSelection",
     "gate_entropy",
-    "micro_batch_stare_weights",
     "selection_timing",
-    "step_selection",
     "token_mean",
 ]
 
@@ -76,11 +74,21 @@ def gate_entropy(entropy: Tensor, batch: RolloutBatch, aggregation: str, *, max_
     return float(all_reduce(share, device=entropy.device))
 
 
+@dataclass(frozen=True)
+class GateReading:
+    """The step's batch entropy: H_k (the token mean over every rank's response tokens) and the value STARE's gate
+    compares with its target (H_k itself, or the entropy aggregated like the loss)."""
+
+    entropy: float
+    gate_value: float
+
+
 @dataclass
 class Gate:
     """What reads the step's batch entropy: STARE's controller and the adaptive entropy coefficient (either may
     be None; the caller keeps and checkpoints their state). ``aggregation``: how STARE's gate aggregates the
-    entropy (the plan's ``gate_aggregation``)."""
+    entropy (the plan's ``gate_aggregation``). ``measure`` only measures; ``advance`` moves the controller and the
+    coefficient one step on a reading, so that each happens once per step and visibly."""
 
     aggregation: str
     controller: STAREController | None
@@ -88,20 +96,24 @@ class Gate:
     max_response_length: int
     device: torch.device
 
-    def measure(self, scores: TokenScores, batch: RolloutBatch) -> tuple[float, StepParams]:
-        """H_k over all ranks; then the adaptive entropy coefficient and STARE's controller take their step,
-        STARE's on the entropy aggregated as ``aggregation`` says. Returns (H_k, this step's STARE parameters)."""
+    def measure(self, scores: TokenScores, batch: RolloutBatch) -> GateReading:
+        """H_k over all ranks, and the gate's value (aggregated as ``aggregation`` says; H_k for the token mean)."""
         entropy = token_mean(scores.entropy, batch.response_mask, device=self.device)
-        if self.entropy_coefficient is not None:
-            self.entropy_coefficient.update(entropy)
-        if self.controller is None:
-            return entropy, GRPO_PARAMS
         gate_value = entropy
-        if self.aggregation != "token-mean":
+        if self.controller is not None and self.aggregation != "token-mean":
             gate_value = gate_entropy(
                 scores.entropy, batch, self.aggregation, max_response_length=self.max_response_length
             )
-        return entropy, self.controller.update(gate_value)
+        return GateReading(entropy=entropy, gate_value=gate_value)
+
+    def advance(self, reading: GateReading) -> StepParams:
+        """The adaptive entropy coefficient and STARE's controller take their step on ``reading``; returns this
+        step's STARE parameters (plain GRPO's without a controller)."""
+        if self.entropy_coefficient is not None:
+            self.entropy_coefficient.update(reading.entropy)
+        if self.controller is None:
+            return GRPO_PARAMS
+        return self.controller.update(reading.gate_value)
 
 
 # -------------------------------------------------------------------------------------------------- selection
@@ -138,102 +150,45 @@ class Selection:
     selected: Tensor  # bool [rows, width]
 
 
-def _rule(stare: STAREConfig, params: StepParams, *, gate_on: bool) -> dict:
-    return {
-        "variant": stare.variant,
-        "top_ratio": stare.top_ratio,
-        "w": params.w,
-        "m": params.m,
-        "gate_on": gate_on,
-        "selector": stare.selector,
-        "k_rounding": stare.k_rounding,
-        "tie_order": stare.tie_order,
-    }
-
-
 def _generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed % (1 << 63))
 
 
-def step_selection(
-    logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    phi: Tensor | None,
-    stare: STAREConfig,
-    params: StepParams,
-    *,
-    group_size: int,
-    entropy: Tensor | None = None,
-    seed: int | None = None,
-) -> tuple[Tensor | None, STAREStats]:
-    """STARE's selection over the whole batch given, gathered across ranks: (omega or None, its stats).
-
-    omega is None when no STARE weight applies (STARE off or its gate closed). Not for timing
-    ``micro_batch``, whose selection is made inside the loss. ``seed``: the step's (a random selector draws from
-    it, mixed with the rank, so the ranks' draws differ).
-    """
-    omega, stats = stare_weights_for_scope(
-        logprobs,
-        advantages,
-        mask,
-        scope=stare.scope if stare.scope != "micro_batch" else "step",
-        group_size=group_size,
-        sensitivity=phi,
-        entropy=entropy,
-        generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
-        **_rule(stare, params, gate_on=True),
-    )
-    return (omega if stare.enabled and params.gate_on else None), stats
-
-
-def micro_batch_stare_weights(
-    stare: STAREConfig,
-    *,
-    advantages: Tensor,
-    mask: Tensor,
-    current_logprobs: Tensor,
-    old_logprobs: Tensor,
-    step_omega: Tensor | None,
-    step_selected: Tensor | None,
-    params: StepParams,
-    phi: Tensor | None,
-    entropy: Tensor | None = None,
-    seed: int | None = None,
-) -> tuple[Tensor | None, Tensor | None]:
-    """STARE's omega [B, T] for one micro-batch (None: all ones) and the tokens selected (None: no selection).
-
-    ``step_omega``, ``step_selected``: this micro-batch's slice of the step-wide selection (timings
-    ``step`` and ``optimizer_step``), returned as they are; with timing ``micro_batch`` the selection is
-    made here (``phi``, ``entropy``: from the same pass as the log-probs ranked; ``seed``: this micro-batch's).
-    """
-    if selection_timing(stare) is not SelectionTiming.MICRO_BATCH:
-        return step_omega, step_selected
-    source = current_logprobs if stare.surprisal_source == "current" else old_logprobs
-    omega, stats = stare_weights_for_scope(
-        source.detach(),
-        advantages,
-        mask,
-        scope=stare.scope,
-        sensitivity=phi,
-        entropy=entropy,
-        generator=_generator(seed),
-        **_rule(stare, params, gate_on=params.gate_on),
-    )
-    return (omega if params.gate_on else None), stats.selected
-
-
 @dataclass(frozen=True)
 class TokenSelection:
-    """STARE's selection as one step makes it: its timing, and the calls the step runner and the loss make."""
+    """STARE's selection as the run makes it, resolved once from ``algorithm.stare``: when it is made, over what
+    scope, ranked by what (and so what the ranking reads), and the rule the step's W, M and gate complete.
 
-    stare: STAREConfig
+    ``rule``: the variant, P, selector and ranking conventions (its W, M and gate are set per step by ``rule_for``);
+    ``applies``: STARE is on (off, the selection is still made over the step, for the telemetry only);
+    ``current``: ranked by the current policy's statistics (else by the scoring pass's, the old ones);
+    ``needs_phi``, ``needs_entropy``: what the selector reads besides the log-probs.
+    """
+
+    rule: STARERule
     timing: SelectionTiming
+    scope: str
     group_size: int
+    applies: bool
+    current: bool
+    needs_phi: bool
+    needs_entropy: bool
 
     @classmethod
     def resolve(cls, stare: STAREConfig, *, group_size: int) -> TokenSelection:
-        return cls(stare=stare, timing=selection_timing(stare), group_size=group_size)
+        selector = STARE_SELECTORS[stare.selector]
+        rule = STARERule(variant=stare.variant, top_ratio=stare.top_ratio, selector=stare.selector,
+                         k_rounding=stare.k_rounding, tie_order=stare.tie_order)  # fmt: skip
+        return cls(
+            rule=rule,
+            timing=selection_timing(stare),
+            scope=stare.scope,
+            group_size=group_size,
+            applies=stare.enabled,
+            current=stare.surprisal_source == "current",
+            needs_phi=selector.needs_phi,
+            needs_entropy=selector.needs_entropy,
+        )
 
     @property
     def reselect(self) -> bool:
@@ -245,48 +200,58 @@ class TokenSelection:
         """Made inside each micro-batch's loss."""
         return self.timing is SelectionTiming.MICRO_BATCH
 
+    def rule_for(self, params: StepParams, *, gate_on: bool) -> STARERule:
+        """The rule with this step's W and M, and the gate as given."""
+        return replace(self.rule, w=params.w, m=params.m, gate_on=gate_on)
+
     def loss_forward_needs(self) -> tuple[bool, bool]:
         """(Phi, entropy): what a selection made inside the loss reads from the micro-batch's own forward."""
-        stare = self.stare
-        if not (self.in_loss and stare.surprisal_source == "current"):
+        if not (self.in_loss and self.current):
             return False, False
-        selector = STARE_SELECTORS[stare.selector]
-        return selector.needs_phi, selector.needs_entropy
+        return self.needs_phi, self.needs_entropy
 
-    def over_step(self, scores: TokenScores, batch: RolloutBatch, params: StepParams, *, seed: int) -> Selection:
-        """The selection over the step's batch (gathered across ranks), from ``scores``."""
-        omega, stats = step_selection(
+    def over_step(
+        self, scores: TokenScores, batch: RolloutBatch, params: StepParams, *, seed: int | None = None
+    ) -> Selection:
+        """The selection over the step's batch (gathered across ranks), from ``scores``. Its omega is None when no
+        STARE weight applies (STARE off or its gate closed). ``seed``: the step's (a random selector draws from it,
+        mixed with the rank, so the ranks' draws differ)."""
+        omega, stats = stare_weights_for_scope(
             scores.logprobs,
             batch.advantages,
             batch.response_mask,
-            scores.phi,
-            self.stare,
-            params,
+            scope=self.scope if self.scope != "micro_batch" else "step",
             group_size=self.group_size,
+            sensitivity=scores.phi,
             entropy=scores.entropy,
-            seed=seed,
+            generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
+            rule=self.rule_for(params, gate_on=True),
         )
-        return Selection(batch.advantages, batch.response_mask, scores.phi, omega, stats.selected)
+        applied = omega if self.applies and params.gate_on else None
+        return Selection(batch.advantages, batch.response_mask, scores.phi, applied, stats.selected)
 
     def in_micro_batch(
         self, part: Experience, stats: TokenStats, old_logprobs: Tensor, params: StepParams, *, seed: int
     ) -> tuple[Tensor | None, Tensor | None]:
-        """(omega, selected) the loss of ``part`` applies: its slice of the step's selection, or one made here
-        from this forward's statistics ``stats`` (the current policy) or the scoring pass's (``part``)."""
+        """(omega, selected) the loss of ``part`` applies (omega None: all ones; selected None: no selection): its
+        slice of the step's selection (timings ``step`` and ``optimizer_step``), or, with timing ``micro_batch``,
+        one made here from this forward's statistics ``stats`` (the current policy) or the scoring pass's
+        (``part``); ``seed``: this micro-batch's."""
+        if not self.in_loss:
+            return part.stare_weights, part.stare_selected
         current_phi, current_entropy = self.loss_forward_needs()
-        return micro_batch_stare_weights(
-            self.stare,
-            advantages=part.advantages,
-            mask=part.response_mask,
-            current_logprobs=stats.logprobs.detach(),
-            old_logprobs=old_logprobs,
-            step_omega=part.stare_weights,
-            step_selected=part.stare_selected,
-            params=params,
-            phi=_sensitivity(stats) if current_phi else part.phi,
+        ranked = stats.logprobs.detach() if self.current else old_logprobs
+        omega, selection = stare_weights_for_scope(
+            ranked.detach(),
+            part.advantages,
+            part.response_mask,
+            scope=self.scope,
+            sensitivity=_sensitivity(stats) if current_phi else part.phi,
             entropy=stats.entropy.detach() if current_entropy else part.entropy,
-            seed=seed,
+            generator=_generator(seed),
+            rule=self.rule_for(params, gate_on=params.gate_on),
         )
+        return (omega if params.gate_on else None), selection.selected
 
 
 def _sensitivity(stats: TokenStats) -> Tensor:
