@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("stare_lightning", "user_errors", "console", "distributed", "allocator", "lazy_exports", "config")),
     # Self-contained parts: each needs the foundation only.
     ("parts", ("tools", "trainer", "algorithms", "metrics")),
+    # STARE for a caller's own loop and for TRL: the algorithms and their telemetry, nothing of this trainer.
+    ("integrations", ("integrations",)),
     # rewards: the verifier worker's seccomp filter is tools.seccomp's; models: export vets checkpoints with
     # trainer.checkpoint_trust.
     ("rewards and models", ("rewards", "models")),

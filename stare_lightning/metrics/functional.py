@@ -173,6 +173,25 @@ def _quadrant_compute(tokens: Tensor, weight: Tensor, dh: Tensor, valid_count: T
     return out
 
 
+# ----------------------------------------------------------------------------------- STARE's selection
+
+
+def _selected_fraction_update(selected: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """STARE's selected set [B, T], advantages [B] or [B, T], mask -> counts [|L+|, |T+|, |L-|, |T-|]."""
+    valid = _valid_mask(mask, selected)
+    adv = advantages.unsqueeze(-1).expand(valid.shape) if advantages.dim() == 1 else advantages
+    pos, neg = valid & (adv > 0), valid & (adv < 0)
+    chosen = selected.bool()
+    return torch.stack([(pos & chosen).sum(), pos.sum(), (neg & chosen).sum(), neg.sum()]).to(_COUNT)
+
+
+def _selected_fraction_compute(counts: Tensor) -> dict[str, Tensor]:
+    # An empty sign set selects nothing: report 0 there, as a selected share of an empty set.
+    pos = _ratio(counts[0], counts[1]).nan_to_num(0.0)
+    neg = _ratio(counts[2], counts[3]).nan_to_num(0.0)
+    return {"stare/selected_frac/pos": pos, "stare/selected_frac/neg": neg}
+
+
 # ----------------------------------------------------------------------------------- entropy forecast
 
 

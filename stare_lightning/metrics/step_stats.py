@@ -15,7 +15,13 @@ import torch
 from torch import Tensor
 
 from stare_lightning.metrics.base import TelemetryMetric, replicated
-from stare_lightning.metrics.functional import _COUNT, _SUM, _ratio, _valid_mask
+from stare_lightning.metrics.functional import (
+    _COUNT,
+    _SUM,
+    _ratio,
+    _selected_fraction_compute,
+    _selected_fraction_update,
+)
 
 
 def _scalar(value: Tensor | float, dtype: torch.dtype = _SUM) -> Tensor:
@@ -71,22 +77,6 @@ def _gate_rate_update(gate_on: Tensor | bool) -> tuple[Tensor, Tensor]:
 
 def _gate_rate_compute(on: Tensor, steps: Tensor) -> dict[str, Tensor]:
     return {"stare/gate_on": _ratio(on, steps)}
-
-
-def _selected_fraction_update(selected: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-    """STARE's selected set [B, T], advantages [B] or [B, T], mask -> counts [|L+|, |T+|, |L-|, |T-|]."""
-    valid = _valid_mask(mask, selected)
-    adv = advantages.unsqueeze(-1).expand(valid.shape) if advantages.dim() == 1 else advantages
-    pos, neg = valid & (adv > 0), valid & (adv < 0)
-    chosen = selected.bool()
-    return torch.stack([(pos & chosen).sum(), pos.sum(), (neg & chosen).sum(), neg.sum()]).to(_COUNT)
-
-
-def _selected_fraction_compute(counts: Tensor) -> dict[str, Tensor]:
-    # An empty sign set selects nothing: report 0 there, as a selected share of an empty set.
-    pos = _ratio(counts[0], counts[1]).nan_to_num(0.0)
-    neg = _ratio(counts[2], counts[3]).nan_to_num(0.0)
-    return {"stare/selected_frac/pos": pos, "stare/selected_frac/neg": neg}
 
 
 def _clip_fraction_compute(low: Tensor, high: Tensor, tokens: Tensor) -> dict[str, Tensor]:
