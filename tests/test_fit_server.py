@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stare_lightning.rollout.config import ServerConfig
-from stare_lightning.rollout.server.client import RolloutServerError
+from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.connect import connect_servers
 from tests.test_fit import CANARY_BOUND, read_metrics, run_cli, train_rows, wait_for_checkpoint
 from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit
@@ -141,7 +142,8 @@ def test_a_server_that_dies_ends_the_run_in_one_line_and_the_run_resumes(tmp_pat
 def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, monkeypatch):
     """``serve`` on a "rollout node" (on a Unix socket, its default) makes the credential and writes it to a file of
     mode 0600, printing the file's path, never the token; a fit without the credential stopped before its first step
-    naming the variable; one reaching it by URL with the credential from the file; then Ctrl-C's signal."""
+    naming the variable; one reaching it by URL with the credential from the file; one whose update overflows,
+    stopped before its weights reach the server; then Ctrl-C's signal."""
     env = {k: v for k, v in os.environ.items() if k != "STARE_LIGHTNING_SERVER_TOKEN"}
     env["STARE_LIGHTNING_CACHE"] = model_cache
     command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={tmp_path / 'node'}"]
@@ -178,6 +180,19 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
         out, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, out[-3000:]
         assert not (run / "servers").exists()  # nothing launched by the trainer
+        # An update that overflows (AdamW at lr 1e39 makes every weight inf or NaN): the run stops in one line naming
+        # the tensor and the step, writes no checkpoint of it, and the server keeps the weights it had.
+        diverged = tmp_path / "diverged"
+        args = ["fit", f"output_dir={diverged}", *ONE_PROCESS, *urls, "trainer.max_steps=2", "optim.lr=1e39",
+                "callbacks.model_checkpoint.every_n_train_steps=1"]  # fmt: skip
+        proc = run_cli(args, model_cache, cwd=tmp_path)
+        out, _ = proc.communicate(timeout=900)
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1, out[-3000:]
+        assert re.search(r"weight '[\w.]+' of the policy after step 1 holds \d+ non-finite values", errors[0]), errors
+        assert not list(diverged.rglob("*.ckpt"))
+        client = ServerClient(url, token=token, timeout=60)
+        assert client.weight_version() == "push-1"  # the diverged run's starting weights: nothing after them arrived
     finally:
         server.send_signal(signal.SIGTERM)
         printed.append(server.communicate(timeout=120)[0])
