@@ -110,6 +110,7 @@ PARTS: dict[str, Callable[[], str | None]] = {
     "peft": _package("peft", "peft"),
     "datasets": _package("datasets", "datasets"),
     "gguf": _package("gguf", "gguf"),
+    "trl": _package("trl", "trl"),  # stare_lightning.integrations.trl
 }
 
 
