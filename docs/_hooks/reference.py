@@ -378,6 +378,19 @@ EXTENSION_POINTS: list[tuple[str, str, list[str]]] = [
             "stare_lightning.algorithms.policy_losses.cispo_surrogate",
         ],
     ),
+    (
+        "STARE outside this trainer",
+        "STARE in a loop of your own (`stare_lightning.integrations.pytorch`) and in TRL's GRPO trainer "
+        "(`stare_lightning.integrations.trl`, with the `[trl]` extra): "
+        "[STARE in TRL and in your own loop](../guides/trl.md).",
+        [
+            "stare_lightning.integrations.pytorch.STARE",
+            "stare_lightning.integrations.pytorch.STARESettings",
+            "stare_lightning.integrations.pytorch.STAREResult",
+            "stare_lightning.integrations.trl.STAREGRPOTrainer",
+            "stare_lightning.integrations.trl.check_grpo_config",
+        ],
+    ),
 ]
 
 
