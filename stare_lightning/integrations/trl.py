@@ -110,7 +110,8 @@ class STAREGRPOTrainer(GRPOTrainer):
         if not isinstance(settings, STARESettings):
             raise ValueError(f"stare={settings!r} must be a STARESettings")
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        check_grpo_config(config if config is not None else GRPOConfig(), settings)
+        if config is not None:  # refused before the model loads; TRL's default config is accepted
+            check_grpo_config(config, settings)
         super().__init__(*args, **kwargs)
         check_grpo_config(self.args, settings)
         self.stare = STARE(settings, group_size=self.num_generations)
