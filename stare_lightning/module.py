@@ -165,8 +165,6 @@ class STAREModule(LightningModule):
         parts = (self.rollout, self.plan, self.runner, self.engine, self.trainer.datamodule)
         engines = {"engine": self._rollout_engine, "sampler": self._sampler, "seed_of": self._step_seed}
         self.rollouts = rollout_source(*parts, **engines, max_steps=self.trainer.max_steps)
-        if self.rollout.backend == "server":  # a server that does not answer stops the run before the first step
-            self._rollout_engine()
 
     def _stateful(self) -> dict:
         """What a checkpoint keeps besides weights, optimizer and telemetry (None: this run has no such part)."""

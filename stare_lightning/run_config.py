@@ -23,6 +23,7 @@ from stare_lightning.config.targets import check_opt_ins, check_target_name, che
 from stare_lightning.data.config import DataConfig
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
 from stare_lightning.models.config import ModelConfig
+from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.tools.config import ToolsConfig
@@ -78,7 +79,9 @@ class RunConfig:
         flag("verbose", self.verbose)
         self._check_targets()
         accelerator = (self.trainer or {}).get("accelerator", "auto")
-        if self.rollout.enable_sleep_mode and (self.rollout.backend == "hf" or accelerator == "cpu"):
+        backend = declared_backend(self.rollout.backend)
+        no_sleep = backend is not None and not backend.sleep_mode
+        if self.rollout.enable_sleep_mode and (no_sleep or accelerator == "cpu"):
             raise ValueError(
                 "rollout.enable_sleep_mode=true does nothing here: vLLM's sleep mode frees GPU memory between "
                 f"rollouts (rollout.backend={self.rollout.backend}, trainer.accelerator={accelerator}); "
@@ -127,11 +130,13 @@ class RunConfig:
                 "optimizer state from GPU memory to host memory, and trainer.accelerator=cpu keeps them there "
                 "already; set it false, or run on GPUs"
             )
-        if offload and self.rollout.backend == "hf":
+        backend = declared_backend(self.rollout.backend)
+        if offload and backend is not None and not backend.holds_weight_copy:
             raise ValueError(
-                "trainer.strategy.cpu_offload=true needs rollout.backend=vllm: the HF engine puts prompts and its "
-                "samplers on the parameters' device, which offload makes the host, while FSDP2 computes on the GPU; "
-                "use rollout=vllm, or set it false"
+                f"trainer.strategy.cpu_offload=true needs an engine with its own weights (rollout.backend=vllm): "
+                f"rollout.backend={backend.name} generates with the trainer's module, putting prompts and samplers on "
+                "the parameters' device, which offload makes the host, while FSDP2 computes on the GPU; use "
+                "rollout=vllm, or set it false"
             )
 
     def _check_precision(self, accelerator: str) -> None:

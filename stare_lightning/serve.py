@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stare_lightning.rollout.backends import SERVER_BACKEND
 from stare_lightning.rollout.config import LOCAL_HOSTS
 from stare_lightning.rollout.server.auth import check_token
 
@@ -64,7 +65,7 @@ def serve(cfg) -> None:
     from stare_lightning.train import prepare_model
 
     server = cfg.rollout.server
-    if cfg.rollout.backend != "server" or not server.launch:
+    if cfg.rollout.backend != SERVER_BACKEND or not server.launch:
         raise ValueError(
             "serve starts the servers of rollout=server itself: pass rollout=server and place them with "
             "rollout.server.count, host, port, cpus, gpus (rollout.server.launch must stay true)"

@@ -23,6 +23,7 @@ from stare_lightning.data.tasks import sft_examples
 from stare_lightning.data.tasks.tool_traces import countdown_tool_examples
 from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
 from stare_lightning.models.registry import default_cache_dir, resolve_model
+from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.run_config import RunConfig
 from stare_lightning.tools import Tool, build_format, build_tool_from_config
 from stare_lightning.trainer.checkpoint_trust import vet_checkpoint
@@ -115,10 +116,9 @@ def _setup(cfg: RunConfig):
     datamodule = PromptDataModule(cfg.data, tokenizer=None)
     datamodule.load_records()
     tool = build_tool_from_config(cfg.tools)  # a missing or broken sandbox fails here, before the model
-    if cfg.rollout.backend == "server":  # and so do running servers that do not answer or refuse the credential
-        from stare_lightning.rollout.server.connect import check_running_servers
-
-        check_running_servers(cfg.rollout)
+    backend = declared_backend(cfg.rollout.backend)
+    if backend is not None:  # and so do running servers that do not answer or refuse the credential
+        backend.check_before_model(cfg.rollout)
     model_dir = prepare_model(cfg, datamodule, tool)
     return build_module(cfg, model_dir, datamodule, tool), datamodule
 

@@ -298,8 +298,9 @@ def test_a_batch_over_one_prefill_step_keeps_its_seeded_samples(engine, tiny_dir
 
 @pytest.mark.vllm
 def test_engine_kwargs_are_checked_against_vllm_before_the_engine_starts(tiny_dir, tokenizer):
-    from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
+    from stare_lightning.rollout.config import RolloutConfig
     from stare_lightning.rollout.factory import build_engine
+    from stare_lightning.rollout.vllm import check_engine_kwargs
 
     check_engine_kwargs({"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_model_len": 128})
     with pytest.raises(ValueError) as info:  # no policy and no model: it fails before either is needed

@@ -6,7 +6,7 @@ own forward pass (the mismatch canary) and pushes fresh weights into the engine 
 step through ``sync_weights``.
 
 Seeding: sample ``j`` of prompt ``i`` is drawn from a random stream seeded ``seeds[i] + j`` (vLLM's own
-convention for ``n > 1``), in both backends. With ``prompt_seeds`` keyed by record id, a prompt's samples
+convention for ``n > 1``), in every backend. With ``prompt_seeds`` keyed by record id, a prompt's samples
 do not depend on which other prompts share its batch or its rank, so a run sharded over two ranks samples
 what a one-rank run on the same global batch samples.
 
@@ -114,9 +114,50 @@ class Rollouts:
         return sum(sum(mask) for mask in self.policy_masks)
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response as an engine returns it: token ids, their log-probs, the text and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+def check_prompts(prompt_ids: Sequence[Sequence[int]]) -> None:
+    """What every engine asks of its prompts before generating: at least one token each."""
+    empty = [i for i, prompt in enumerate(prompt_ids) if len(prompt) == 0]
+    if empty:
+        raise ValueError(f"Every prompt needs at least one token: prompts {empty[:8]} are empty")
+
+
+def rollouts_from_samples(
+    engine: str, prompt_ids: Sequence[Sequence[int]], samples: Sequence[Sequence[Sample]], n: int, seconds: float
+) -> Rollouts:
+    """The grouped ``Rollouts`` of ``samples[i]``, the ``n`` samples of prompt ``i``, each checked: ``n`` per prompt,
+    a single-turn finish reason, a log-prob per token. ``engine`` names the engine in an error."""
+    rows, responses, logprobs, texts, reasons = [], [], [], [], []
+    for prompt, group in zip(prompt_ids, samples):
+        if len(group) != n:
+            raise RuntimeError(f"{engine} returned {len(group)} samples for a prompt, expected {n}")
+        for sample in group:
+            if sample.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"{engine} ended a request with finish_reason={sample.finish_reason!r}")
+            if len(sample.logprobs) != len(sample.token_ids):
+                raise RuntimeError(f"{engine} returned no log-prob for some sampled tokens")
+            rows.append(list(prompt))
+            responses.append(list(sample.token_ids))
+            logprobs.append(list(sample.logprobs))
+            texts.append(sample.text)
+            reasons.append(sample.finish_reason)
+    return Rollouts(prompt_ids=rows, response_ids=responses, response_logprobs=logprobs, texts=texts,
+                    finish_reasons=reasons, n=n, generation_seconds=seconds)  # fmt: skip
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``.
+    """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``,
+    ``server.engine.ServerRolloutEngine``; ``rollout/backends.py`` lists the backends that build them.
 
     Engines also carry a class attribute ``holds_weight_copy``: True when the engine keeps its own copy of
     the weights (vLLM), so ``sync_weights`` must follow every optimizer step; False when it samples from the

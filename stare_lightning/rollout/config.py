@@ -3,23 +3,21 @@
 ``SamplingParams`` (rollout/base.py) is built from a validated ``RolloutConfig`` and repeats none of its checks.
 
 ``engine_kwargs`` go to ``vllm.LLM`` as they are. ``__post_init__`` refuses what it can tell without vLLM (not a
-mapping, a key the project sets itself, any key with ``backend: hf``); ``check_engine_kwargs`` checks the keys
-against the installed vLLM and runs where the engine is built (rollout/factory.py), never at config time.
+mapping, a key the project sets itself, any key with a backend that takes none); ``vllm.check_engine_kwargs``
+checks the keys against the installed vLLM and runs where the engine is built, never at config time. Which
+settings a backend honours is its entry's business (rollout/backends.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from stare_lightning.config.checks import choice, flag, number
+from stare_lightning.rollout.backends import RolloutBackend, backend_choices, declared_backend
 from stare_lightning.rollout.base import SamplingParams
 
-BACKENDS = ("auto", "vllm", "hf", "server")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # rollout.max_staleness's ceiling. Rank 0 keeps a full host copy of the weights for every version the producer may
 # still push (K + 1 of them), and samples many versions old train poorly (docs/results/async.md measures K <= 4).
@@ -114,7 +112,8 @@ class ServerConfig:
                 f"{p}port={self.port} does nothing with {p}host=unix: the servers listen on Unix sockets; set "
                 f"{p}host to an address (e.g. 127.0.0.1) to listen on TCP ports"
             )
-        if backend != "server":
+        entry = declared_backend(backend)
+        if entry is None or not entry.server_settings:
             if self != ServerConfig():
                 raise ValueError(
                     f"rollout.server settings do nothing with rollout.backend={backend}: they configure separate "
@@ -194,7 +193,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         p = "rollout."
-        choice(f"{p}backend", self.backend, BACKENDS)
+        choice(f"{p}backend", self.backend, backend_choices())
         for key in ("n", "max_new_tokens", "val_n", "tensor_parallel_size", "canary_patience"):
             number(f"{p}{key}", getattr(self, key), low=1, integer=True)
         if self.max_turns is not None:
@@ -212,26 +211,42 @@ class RolloutConfig:
             self.server = ServerConfig(**_plain(self.server))
         self.server.check(self.backend)
         check_max_staleness(self.max_staleness)
-        if self.max_staleness and self.backend != "server":
+        self._check_backend_supports(declared_backend(self.backend))
+
+    def _check_backend_supports(self, backend: RolloutBackend | None) -> None:
+        """Settings the named backend cannot honour are refused (``auto`` resolves later: vLLM or HF, both
+        colocated, both taking every colocated setting but the engine-specific ones checked where it resolves)."""
+        name = self.backend
+        if self.max_staleness and (backend is None or not backend.served):
             raise ValueError(
-                f"rollout.max_staleness={self.max_staleness} does nothing with rollout.backend={self.backend}: an "
+                f"rollout.max_staleness={self.max_staleness} does nothing with rollout.backend={name}: an "
                 "engine inside the trainer cannot generate while the trainer updates; use rollout=server"
             )
-        if self.backend == "server" and self.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
+        if backend is None or backend.in_process_memory:
+            return
+        if self.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
+            where = "a launched server's share is rollout.server.gpu_memory_utilization" if backend.served else (
+                "this backend keeps no engine memory of its own")  # fmt: skip
             raise ValueError(
-                "rollout.gpu_memory_utilization does nothing with rollout.backend=server: it sizes an engine inside "
-                "the trainer; a launched server's share is rollout.server.gpu_memory_utilization"
+                f"rollout.gpu_memory_utilization does nothing with rollout.backend={name}: it sizes an engine inside "
+                f"the trainer; {where}"
             )
-        if self.backend == "server" and (self.enable_sleep_mode or self.tensor_parallel_size != 1):
+        if (self.enable_sleep_mode and not backend.sleep_mode) or self.tensor_parallel_size != 1:
             raise ValueError(
-                "rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing with rollout.backend=server: "
-                "they configure an engine inside the trainer, and a server keeps its own memory and GPUs; leave them "
-                "at false and 1"
+                f"rollout.enable_sleep_mode and rollout.tensor_parallel_size do nothing with rollout.backend={name}: "
+                "they configure a vLLM engine inside the trainer"
+                + (", and a server keeps its own memory and GPUs" if backend.served else "")
+                + "; leave them at false and 1"
             )
-        if self.backend == "server" and self.engine_kwargs:
+        if self.engine_kwargs and not backend.engine_kwargs:
             raise ValueError(
-                f"rollout.engine_kwargs={self.engine_kwargs} is not allowed with rollout.backend=server: they go to "
-                "an in-process vllm.LLM; a server takes its settings on its command line (rollout/server/launch.py)"
+                f"rollout.engine_kwargs={self.engine_kwargs} is not allowed with rollout.backend={name}: they go to "
+                "an in-process vllm.LLM"
+                + (
+                    "; a server takes its settings on its command line (rollout/server/launch.py)"
+                    if backend.served
+                    else ""
+                )  # fmt: skip
             )
 
     def episode_turns(self) -> int:
@@ -304,10 +319,12 @@ def _checked_engine_kwargs(value: Any, backend: str) -> dict[str, Any]:
         raise ValueError(f"rollout.engine_kwargs={value!r} is not allowed: must be a mapping of vllm.LLM arguments")
     kwargs = _plain(value)
     refuse_owned_engine_keys(kwargs)
-    if kwargs and backend == "hf":
+    entry = declared_backend(backend) if backend in backend_choices() else None
+    if kwargs and entry is not None and not entry.engine_kwargs and not entry.served:
         raise ValueError(
-            f"rollout.engine_kwargs={kwargs} is not allowed with rollout.backend=hf: these settings go to the vLLM "
-            "engine, which the HF backend does not use, so they would do nothing; remove them or use rollout=vllm"
+            f"rollout.engine_kwargs={kwargs} is not allowed with rollout.backend={backend}: these settings go to the "
+            f"vLLM engine, which the {backend} backend does not use, so they would do nothing; remove them or use "
+            "rollout=vllm"
         )
     return kwargs
 
@@ -321,38 +338,3 @@ def refuse_owned_engine_keys(engine_kwargs: Mapping[str, Any]) -> None:
             raise ValueError(
                 f"rollout.engine_kwargs.{key} is not allowed: the project sets it; {ENGINE_OWNED_KEYS[key]}"
             )
-
-
-def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
-    """Refuse keys the installed ``vllm.LLM`` does not take. Imports vLLM: the engine factory calls it, before
-    building the engine (config validation stays light)."""
-    refuse_owned_engine_keys(engine_kwargs)
-    # Imported first: it keeps vLLM in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) before vLLM is imported.
-    from stare_lightning.rollout.vllm import vllm_import_error
-
-    if not engine_kwargs or vllm_import_error() is not None:
-        return  # without vLLM, building the engine fails anyway, saying how to install it
-    import vllm
-
-    allowed = vllm_engine_keys()
-    for key in engine_kwargs:
-        if key in allowed:
-            continue
-        near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.75)
-        hint = f"did you mean {' or '.join(near)}? " if near else ""
-        common = ", ".join(k for k in COMMON_ENGINE_KEYS if k in allowed)
-        raise ValueError(
-            f"rollout.engine_kwargs.{key} is not allowed: vllm.LLM (vLLM {vllm.__version__}) has no such argument; "
-            f"{hint}allowed keys include {common}, ... (all the fields of vllm.engine.arg_utils.EngineArgs)"
-        )
-
-
-def vllm_engine_keys() -> set[str]:
-    """The keyword arguments ``vllm.LLM`` takes: its named parameters and the fields of ``EngineArgs`` (its
-    ``**kwargs`` go there)."""
-    from vllm import LLM
-    from vllm.engine.arg_utils import EngineArgs
-
-    params = inspect.signature(LLM.__init__).parameters.values()
-    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
-    return named | {f.name for f in dataclasses.fields(EngineArgs)}

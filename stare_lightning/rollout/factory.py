@@ -1,4 +1,4 @@
-"""Choose and build the rollout engine named by ``rollout.backend``."""
+"""Build the rollout engine of the backend ``rollout.backend`` names (``auto``: vLLM where usable, else HF)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from stare_lightning.rollout.config import RolloutConfig, check_engine_kwargs
+from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext
+from stare_lightning.rollout.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ def vllm_available() -> bool:
 
 def resolve_backend(backend: str) -> str:
     """``auto`` means vLLM wherever it is installed, HF generate otherwise (said in a warning: far slower)."""
-    if backend != "auto":
+    if backend != AUTO:
         return backend
     from stare_lightning.rollout.vllm import vllm_import_error
 
@@ -46,41 +47,24 @@ def build_engine(
     compute_dtype: torch.dtype | None = None,
     log_dir: Path | None = None,
 ):
-    """``compute_dtype``: the dtype the trainer computes in (vLLM runs in it, so both see the same
-    numerics); by default the policy parameters' dtype. ``cfg.engine_kwargs`` are checked against the
-    installed vLLM before the engine is built, then passed to ``vllm.LLM``. ``log_dir``: where servers the run
-    starts (``rollout.backend=server``) write their logs."""
-    backend = resolve_backend(cfg.backend)
-    if backend == "vllm":  # a misspelt engine argument is named before anything is loaded or started
-        check_engine_kwargs(cfg.engine_kwargs)
-    if backend != "hf":
-        dtype = str(compute_dtype or next(policy.parameters()).dtype).removeprefix("torch.")
-    if backend == "server":
-        from stare_lightning.rollout.server.connect import connect_servers
-
-        logs = Path(log_dir) if log_dir is not None else Path.cwd() / "servers"
-        return connect_servers(cfg.server, model_dir, dtype=dtype, seed=seed, log_dir=logs)
-    if backend == "hf":
-        from stare_lightning.rollout.hf import HFRolloutEngine
-
-        if cfg.engine_kwargs:  # rollout.backend=auto without a usable vLLM (backend=hf refuses them outright)
-            warnings.warn(
-                f"rollout.engine_kwargs {sorted(cfg.engine_kwargs)} are ignored: vLLM is not usable here, "
-                "so rollouts use the HF engine",
-                stacklevel=2,
-            )
-        return HFRolloutEngine(policy, tokenizer)
-    from stare_lightning.rollout.vllm import VLLMRolloutEngine
-
-    return VLLMRolloutEngine(
-        model_dir,
-        dtype=dtype,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        enable_sleep_mode=cfg.enable_sleep_mode,
-        seed=seed,
-        **cfg.engine_kwargs,
-    )
+    """The engine of the backend ``rollout.backend`` names (``rollout/backends.py``). ``compute_dtype``: the dtype
+    the trainer computes in (an engine with its own weights runs in it, so both see the same numerics); by default
+    the policy parameters' dtype. ``log_dir``: where a backend that starts processes writes their logs."""
+    name = resolve_backend(cfg.backend)
+    backend = ROLLOUT_BACKENDS[name]
+    # rollout.backend=auto without a usable vLLM (a backend named outright refuses them at config time)
+    if cfg.engine_kwargs and not backend.engine_kwargs:
+        warnings.warn(
+            f"rollout.engine_kwargs {sorted(cfg.engine_kwargs)} are ignored: vLLM is not usable here, "
+            f"so rollouts use the {name} engine",
+            stacklevel=2,
+        )
+    dtype = compute_dtype or (next(policy.parameters()).dtype if policy is not None else None)
+    dtype = None if dtype is None else str(dtype).removeprefix("torch.")
+    logs = Path(log_dir) if log_dir is not None else Path.cwd() / "servers"
+    context = EngineContext(policy=policy, tokenizer=tokenizer, model_dir=model_dir, seed=seed, dtype=dtype,
+                            log_dir=logs)  # fmt: skip
+    return backend.build(cfg, context)
 
 
 class SyncedEngine:

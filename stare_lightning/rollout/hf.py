@@ -45,7 +45,9 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 from stare_lightning.distributed import is_distributed
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.backends import EngineContext
+from stare_lightning.rollout.base import Rollouts, SamplingParams, check_prompts, request_budgets, request_seeds
+from stare_lightning.rollout.config import RolloutConfig
 
 # Upper bound on the raw logits kept during one generate call ([rows, steps, vocab] fp32); larger
 # rollout batches are generated in chunks of rows.
@@ -96,8 +98,7 @@ class HFRolloutEngine:
         seeds: Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> Rollouts:
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("Every prompt needs at least one token")
+        check_prompts(prompt_ids)
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
         prompt_seeds = request_seeds(params, len(prompt_ids), seeds)
         # Unseeded prompts take their seed from torch's global generator, so torch.manual_seed still governs them.
@@ -342,3 +343,8 @@ def _sampling_processors(params: SamplingParams, row_seeds: Sequence[int], devic
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(params.top_p))
     return LogitsProcessorList([*warpers, ExponentialRaceSampler(row_seeds, device)])
+
+
+def build_hf_engine(rollout: RolloutConfig, context: EngineContext) -> HFRolloutEngine:
+    """``rollout.backend=hf``'s builder (``rollout/backends.py``): generation with the trainer's own policy module."""
+    return HFRolloutEngine(context.policy, context.tokenizer)

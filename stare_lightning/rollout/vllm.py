@@ -42,9 +42,12 @@ import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import dataclasses
+import difflib
 import gc
+import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,17 @@ import torch
 
 from stare_lightning.console import native_output_to_log
 from stare_lightning.distributed import process_group_exists
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.backends import EngineContext
+from stare_lightning.rollout.base import (
+    Rollouts,
+    Sample,
+    SamplingParams,
+    check_prompts,
+    request_budgets,
+    request_seeds,
+    rollouts_from_samples,
+)
+from stare_lightning.rollout.config import COMMON_ENGINE_KEYS, RolloutConfig, refuse_owned_engine_keys
 from stare_lightning.rollout.vllm_process import (
     contain_engine_side_effects,
     forked_rng,
@@ -181,8 +194,7 @@ class VLLMRolloutEngine:
     ) -> Rollouts:
         from vllm.inputs import TokensPrompt
 
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("Every prompt needs at least one token")
+        check_prompts(prompt_ids)
         if self._asleep:
             self.wake()
         budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
@@ -196,31 +208,14 @@ class VLLMRolloutEngine:
             outputs = self.llm.generate(prompts, requests, use_tqdm=False)
         seconds = time.perf_counter() - start
 
-        rows, responses, logprobs, texts, reasons = [], [], [], [], []
-        for prompt, out in zip(prompt_ids, outputs):
-            completions = sorted(out.outputs, key=lambda c: c.index)
-            if len(completions) != params.n:
-                raise RuntimeError(f"vLLM returned {len(completions)} samples for a prompt, expected {params.n}")
-            for c in completions:
-                ids = list(c.token_ids)
-                if c.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM request ended with finish_reason={c.finish_reason!r}")
-                if c.logprobs is None or len(c.logprobs) != len(ids):
-                    raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-                rows.append(list(prompt))
-                responses.append(ids)
-                logprobs.append([float(step[tok].logprob) for step, tok in zip(c.logprobs, ids)])
-                texts.append(c.text)
-                reasons.append(c.finish_reason)
-        return Rollouts(
-            prompt_ids=rows,
-            response_ids=responses,
-            response_logprobs=logprobs,
-            texts=texts,
-            finish_reasons=reasons,
-            n=params.n,
-            generation_seconds=seconds,
-        )
+        samples = [
+            [
+                Sample(list(c.token_ids), _sampled_logprobs(c), c.text, c.finish_reason)
+                for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
+            for out in outputs
+        ]
+        return rollouts_from_samples("vLLM", prompt_ids, samples, params.n, seconds)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Stream the policy's full parameters into the engine (collective under FSDP2: call on every rank)."""
@@ -264,3 +259,57 @@ class VLLMRolloutEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
+    """Refuse keys the installed ``vllm.LLM`` does not take. Imports vLLM: the backend's builder calls it before
+    building the engine (config validation stays light and never imports vLLM)."""
+    refuse_owned_engine_keys(engine_kwargs)
+    if not engine_kwargs or vllm_import_error() is not None:
+        return  # without vLLM, building the engine fails anyway, saying how to install it
+    import vllm
+
+    allowed = vllm_engine_keys()
+    for key in engine_kwargs:
+        if key in allowed:
+            continue
+        near = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.75)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        common = ", ".join(k for k in COMMON_ENGINE_KEYS if k in allowed)
+        raise ValueError(
+            f"rollout.engine_kwargs.{key} is not allowed: vllm.LLM (vLLM {vllm.__version__}) has no such argument; "
+            f"{hint}allowed keys include {common}, ... (all the fields of vllm.engine.arg_utils.EngineArgs)"
+        )
+
+
+def vllm_engine_keys() -> set[str]:
+    """The keyword arguments ``vllm.LLM`` takes: its named parameters and the fields of ``EngineArgs`` (its
+    ``**kwargs`` go there)."""
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    params = inspect.signature(LLM.__init__).parameters.values()
+    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+    return named | {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    """The log-prob of each sampled token of a vLLM completion (none when vLLM returned none)."""
+    if completion.logprobs is None:
+        return []
+    return [float(step[token].logprob) for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+def build_vllm_engine(rollout: RolloutConfig, context: EngineContext) -> VLLMRolloutEngine:
+    """``rollout.backend=vllm``'s builder (``rollout/backends.py``): an engine in this process, in the trainer's
+    compute dtype, its extra arguments from ``rollout.engine_kwargs`` (a misspelt one named before anything starts)."""
+    check_engine_kwargs(rollout.engine_kwargs)
+    return VLLMRolloutEngine(
+        context.model_dir,
+        dtype=context.dtype,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        enable_sleep_mode=rollout.enable_sleep_mode,
+        seed=context.seed,
+        **rollout.engine_kwargs,
+    )

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from stare_lightning import distributed
 from stare_lightning.metrics.telemetry import async_metrics
+from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.collect import Collection, CollectionStats
 from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.producer import RolloutProducer, Taken
 from stare_lightning.step.runner import StepRunner
 
-__all__ = ["AsyncRollouts", "InStepRollouts", "StepRollouts", "rollout_source"]
+__all__ = ["AsyncRollouts", "InStepRollouts", "RolloutSource", "StepRollouts", "rollout_source"]
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,38 @@ class StepRollouts:
         return stats if self.taken is None else stats.off_the_step()
 
 
+class RolloutSource(Protocol):
+    """Where the training step gets its rollouts; ``rollout_source`` picks the one the run's backend calls for."""
+
+    def take(self, batch: list[dict], *, step: int, seed: int, policy: torch.nn.Module) -> StepRollouts:
+        """The rollouts of the data module's ``batch`` of prompts at optimizer step ``step`` with the step's
+        ``seed``; ``policy``: the trainer's current policy."""
+        ...
+
+    def publish(self, rollouts: StepRollouts, policy: torch.nn.Module) -> None:
+        """After the step's optimizer steps, on every rank: the engine gets (or will get) the new weights."""
+        ...
+
+    def drain(self) -> None:
+        """Before validation: nothing is generated ahead with older weights than the trainer's."""
+        ...
+
+    def close(self) -> None: ...
+
+
 def rollout_source(
     rollout: RolloutConfig, plan: StepPlan, runner: StepRunner, synced, data, *, engine, sampler, seed_of, max_steps
-):
+) -> RolloutSource:
     """The source of a run's rollouts: ``AsyncRollouts`` with ``rollout=server``, else ``InStepRollouts``. ``synced``:
     the run's ``SyncedEngine``; ``engine()``: its engine, synced (built on first use); ``sampler(engine)``: what
     samples from it (tool episodes on top of it with a tool); ``data``: the ``PromptDataModule``; ``seed_of(step)``:
-    the step's seed; ``max_steps``: the fit's optimizer steps (-1: unbounded)."""
-    if rollout.backend != "server":
+    the step's seed; ``max_steps``: the fit's optimizer steps (-1: unbounded). A served backend's rollouts come from a
+    producer beside the trainer (``rollout.max_staleness`` versions behind at most), a colocated one's from the
+    step itself."""
+    backend = declared_backend(rollout.backend)
+    if backend is None or not backend.served:
         return InStepRollouts(runner, synced, data, engine=engine, sampler=sampler)
+    engine()  # a served backend is reached now: a server that does not answer stops the run before the first step
     return AsyncRollouts(
         runner,
         data,
@@ -79,7 +104,9 @@ class InStepRollouts:
     def __init__(self, runner: StepRunner, synced, data, *, engine: Callable, sampler: Callable) -> None:
         self.runner, self.synced, self.data, self.engine, self.sampler = runner, synced, data, engine, sampler
 
-    def take(self, batch: list[dict], *, seed: int, step: int, **_) -> StepRollouts:
+    def take(self, batch: list[dict], *, step: int, seed: int, policy: torch.nn.Module) -> StepRollouts:
+        """The step's rollouts, collected now from the synced engine (``policy`` is what it holds already)."""
+
         def more_prompts(count: int, attempt: int) -> list[dict]:
             return self.data.more_prompts(count, step=step, attempt=attempt)
 
@@ -119,9 +146,10 @@ class AsyncRollouts:
         self.max_steps = max_steps
         self.producer: RolloutProducer | None = None
 
-    def take(self, batch: list[dict], *, step: int, policy: torch.nn.Module, **_) -> StepRollouts:
+    def take(self, batch: list[dict], *, step: int, seed: int, policy: torch.nn.Module) -> StepRollouts:
         """The batch the dataloader just handed over (``batch``, its prompts), at optimizer step ``step``;
-        ``policy``: the weights the producer starts from."""
+        ``policy``: the weights the producer starts from; ``seed`` is the synchronous step's, which the producer
+        derives itself for the batches it collects ahead (``seed_of``)."""
         index = self.data.batches_consumed - 1
         if self.producer is None:
             engine = self.engine()

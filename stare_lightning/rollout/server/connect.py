@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from stare_lightning import distributed
+from stare_lightning.rollout.backends import EngineContext
 from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
 from stare_lightning.rollout.server.auth import check_token
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
@@ -48,10 +49,18 @@ def connect_servers(
     )
 
 
+def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> ServerRolloutEngine:
+    """``rollout.backend=server``'s builder (``rollout/backends.py``): the servers launched (their logs in
+    ``context.log_dir``) or reached, in the trainer's compute dtype."""
+    return connect_servers(rollout.server, context.model_dir, dtype=context.dtype, seed=context.seed,
+                           log_dir=context.log_dir)  # fmt: skip
+
+
 def check_running_servers(rollout: RolloutConfig) -> None:
-    """With ``rollout.server.launch=false``: every server answers and takes the run's credential. Called before any
-    model is prepared, so a wrong URL or token costs seconds, not a model's preparation."""
-    if rollout.backend == "server" and not rollout.server.launch:
+    """The server backend's preflight: with ``rollout.server.launch=false``, every server answers and takes the
+    run's credential. Called before any model is prepared, so a wrong URL or token costs seconds, not a model's
+    preparation."""
+    if not rollout.server.launch:
         server = rollout.server
         answering_servers(list(server.urls), os.environ.get(server.token_env), server)
 

@@ -23,7 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from stare_lightning import distributed
-from stare_lightning.rollout.base import Rollouts, SamplingParams, request_budgets, request_seeds
+from stare_lightning.rollout.base import (
+    Rollouts,
+    Sample,
+    SamplingParams,
+    check_prompts,
+    request_budgets,
+    request_seeds,
+    rollouts_from_samples,
+)
 from stare_lightning.rollout.server.client import Completion, RolloutServerError, ServerClient
 from stare_lightning.rollout.server.transfer_dir import TransferDirectory
 from stare_lightning.rollout.weights import finite_weights, iter_full_weights
@@ -73,8 +81,7 @@ class ServerRolloutEngine:
         seeds: Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> Rollouts:
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("Every prompt needs at least one token")
+        check_prompts(prompt_ids)
         budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
         requests = zip(prompt_ids, request_seeds(params, len(prompt_ids), seeds), budgets)
         start = time.perf_counter()
@@ -84,24 +91,11 @@ class ServerRolloutEngine:
         ]
         answers = [self._result(future, i) for i, future in enumerate(futures)]
         seconds = time.perf_counter() - start
-        rows, responses, logprobs, texts, reasons = [], [], [], [], []
-        for i, (prompt, completions) in enumerate(zip(prompt_ids, answers)):
+        for i, completions in enumerate(answers):
             for completion in completions:
                 self._check(completion, i)
-                rows.append(list(prompt))
-                responses.append(completion.token_ids)
-                logprobs.append(completion.logprobs)
-                texts.append(completion.text)
-                reasons.append(completion.finish_reason)
-        return Rollouts(
-            prompt_ids=rows,
-            response_ids=responses,
-            response_logprobs=logprobs,
-            texts=texts,
-            finish_reasons=reasons,
-            n=params.n,
-            generation_seconds=seconds,
-        )
+        samples = [[Sample(c.token_ids, c.logprobs, c.text, c.finish_reason) for c in group] for group in answers]
+        return rollouts_from_samples("the rollout servers", prompt_ids, samples, params.n, seconds)
 
     def _client(self, prompt_index: int) -> ServerClient:
         return self.clients[prompt_index % len(self.clients)]
@@ -113,6 +107,7 @@ class ServerRolloutEngine:
             raise RolloutServerError(f"{error}{self._exit_note(self._client(prompt_index).url)}") from None
 
     def _check(self, completion: Completion, prompt_index: int) -> None:
+        """What the shared checks cannot name: the server that answered, and the weight version it answered with."""
         url = self._client(prompt_index).url
         if completion.finish_reason not in ("stop", "length"):
             raise RolloutServerError(
