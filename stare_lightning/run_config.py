@@ -157,8 +157,20 @@ class RunConfig:
             )
 
     def _check_tool_settings(self) -> None:
-        """Settings that only mean something in tool-using episodes are refused without a tool."""
+        """Settings that only mean something in tool-using episodes are refused without a tool; a tool is refused
+        with a backend that cannot run tool episodes, and LoRA with one that cannot take its merged weights."""
+        backend = declared_backend(self.rollout.backend)
+        if backend is not None and self.model.lora is not None and not backend.lora:
+            raise ValueError(
+                f"model.lora.rank={self.model.lora.rank} needs a rollout backend that takes a LoRA policy's merged "
+                f"weights; rollout.backend={backend.name} does not"
+            )
         if self.tools.name != "none":
+            if backend is not None and not backend.tool_episodes:
+                raise ValueError(
+                    f"tools={self.tools.name} needs a rollout backend that runs tool episodes; "
+                    f"rollout.backend={backend.name} does not (use rollout=vllm, hf or server)"
+                )
             return
         if self.rollout.max_turns is not None:
             raise ValueError(

@@ -77,3 +77,18 @@ def test_a_builder_that_cannot_be_imported_is_named(registry):
     backend = register_rollout_backend(RolloutBackend(name="broken", builder="no_such_module:build", summary=""))
     with pytest.raises(ImportError, match="rollout backend 'broken'.s builder 'no_such_module:build' cannot be"):
         backend.build(RolloutConfig(), None)
+
+
+def test_a_backend_without_tool_episodes_or_lora_refuses_them(registry, tmp_path):
+    from stare_lightning.cli import compose, prepare_config
+
+    register_rollout_backend(RolloutBackend(name="plain", builder="m:f", summary="", tool_episodes=False, lora=False))
+
+    def run(*overrides):
+        return prepare_config(compose([f"output_dir={tmp_path}", "rollout.backend=plain", *overrides]))
+
+    run()  # neither asked for: accepted
+    with pytest.raises(ValueError, match="tools=calculator needs a rollout backend that runs tool episodes"):
+        run("tools=calculator")
+    with pytest.raises(ValueError, match="model.lora.rank=4 needs a rollout backend that takes"):
+        run("model.lora.rank=4")
