@@ -9,12 +9,20 @@ import pytest
 
 from stare_lightning import console
 
+EMITTERS = ("vllm.engine", "lightning.pytorch.utilities", "stare_lightning.train", "vllm.worker")
+
 
 @pytest.fixture
 def isolated_logging(tmp_path):
     """A root logger with one console and one file handler, as Hydra sets it up; restored afterwards."""
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level, logging.getLogger("vllm").handlers[:])
+    root, vllm = logging.getLogger(), logging.getLogger("vllm")
+    saved = (root.handlers[:], root.level, vllm.handlers[:])
+    # As in a fresh run: a vLLM or TRL imported by another test of this worker may have set levels or disabled these.
+    emitters = [logging.getLogger(name) for name in ("vllm", *EMITTERS)]
+    states = [(logger.level, logger.disabled) for logger in emitters]
+    for logger in emitters:
+        logger.setLevel(logging.NOTSET)
+        logger.disabled = False
     stream_path = tmp_path / "terminal.txt"
     stream = open(stream_path, "w")
     file_handler = logging.FileHandler(tmp_path / "run.log")
@@ -27,7 +35,10 @@ def isolated_logging(tmp_path):
     stream.close()
     file_handler.close()
     root.handlers, root.level = saved[0], saved[1]
-    logging.getLogger("vllm").handlers = saved[2]
+    vllm.handlers = saved[2]
+    for logger, (level, disabled) in zip(emitters, states):
+        logger.setLevel(level)
+        logger.disabled = disabled
 
 
 def emit_everything():

@@ -7,6 +7,7 @@ imported by ``import stare_lightning``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,9 +19,17 @@ from tests.needs import require
 
 require("trl", "datasets")
 
+# TRL's import sets VLLM_LOGGING_LEVEL=ERROR in this process's environment when vLLM is installed; put it back, so
+# that the other tests of this worker (and the processes they start) see vLLM's logging as a run would.
+_VLLM_LOGGING_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
+
+if _VLLM_LOGGING_LEVEL is None:
+    os.environ.pop("VLLM_LOGGING_LEVEL", None)
+else:
+    os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
 
 from stare_lightning.integrations.trl import (  # noqa: E402
     STATE_FILE,
