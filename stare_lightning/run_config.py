@@ -133,7 +133,7 @@ class RunConfig:
         backend = declared_backend(self.rollout.backend)
         if offload and backend is not None and not backend.holds_weight_copy:
             raise ValueError(
-                f"trainer.strategy.cpu_offload=true needs an engine with its own weights (rollout.backend=vllm): "
+                f"trainer.strategy.cpu_offload=true needs rollout.backend=vllm (an engine with its own weights): "
                 f"rollout.backend={backend.name} generates with the trainer's module, putting prompts and samplers on "
                 "the parameters' device, which offload makes the host, while FSDP2 computes on the GPU; use "
                 "rollout=vllm, or set it false"
