@@ -25,6 +25,7 @@ from stare_lightning.metrics.step_timer import StepTimer
 from stare_lightning.metrics.telemetry import TrainTelemetry, ValidationTelemetry, step_costs
 from stare_lightning.models.config import ModelConfig
 from stare_lightning.models.loading import load_policy, load_reference
+from stare_lightning.models.reference import ReferencePolicy
 from stare_lightning.models.sharding import shard_model, sharding_policies
 from stare_lightning.rewards.majority import majority_correct
 from stare_lightning.rewards.pool import VerifierPool
@@ -75,7 +76,7 @@ class STAREModule(LightningModule):
         self.plan = StepPlan.resolve(algorithm, rollout, forward)  # every decision the step takes, taken once
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.policy: torch.nn.Module | None = None  # built in ``configure_model``
-        self.reference: torch.nn.Module | None = None  # there too, when the loss has a KL penalty
+        self.reference: torch.nn.Module | None = None  # there too, with a KL penalty (not with LoRA: ReferencePolicy)
         self.runner: StepRunner | None = None  # once the policy is built and placed (``on_fit_start``)
         self.rollouts: InStepRollouts | AsyncRollouts | None = None  # where the steps' rollouts come from
         self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
@@ -120,7 +121,7 @@ class STAREModule(LightningModule):
         if self.policy is not None:  # validate-then-fit calls this twice
             return
         self.policy = load_policy(self.model_dir, self.model_cfg)
-        if self.algorithm.uses_reference():
+        if self.algorithm.uses_reference() and self.model_cfg.lora is None:  # LoRA: the policy, adapters off
             self.reference = load_reference(self.model_dir, self.model_cfg)
         if self.device_mesh is not None:
             policies = sharding_policies(self.trainer.strategy)  # mixed precision, CPU offload
@@ -153,7 +154,7 @@ class STAREModule(LightningModule):
             sampling=self.rollout.training_sampling(),
             pad_token_id=self.tokenizer.pad_token_id,
             policy=self.policy,
-            reference=self.reference,
+            reference=ReferencePolicy.of(self.policy, self.reference) if self.algorithm.uses_reference() else None,
             controller=self.controller,
             entropy_coefficient=self.entropy_coefficient,
             optimizer_step=self._optimizer_step,

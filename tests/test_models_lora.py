@@ -26,6 +26,7 @@ IDS = torch.tensor([[5, 17, 3, 42, 8, 19, 23, 4, 11, 30, 2, 9], [7, 7, 2, 9, 41,
 THRESHOLD = RolloutConfig().canary_threshold  # the default rollout.canary_threshold
 # A LoRA run on the tiny model with a learning rate at which the adapters move in a few steps.
 LORA = ["model.lora.rank=4", "optim.lr=1e-2", "validation.before_fit=false", "trainer.val_check_interval=100"]
+KL = ["algorithm.kl.coef=0.05"]  # a KL term: its reference is the policy with the adapters off
 
 
 def _plain(model_dir, state: dict | None = None) -> torch.nn.Module:
@@ -147,6 +148,35 @@ def test_only_the_adapters_train_and_reach_the_optimizer(tiny_dir):
     assert [p for group in optimizer.param_groups for p in group["params"]] == trainable
 
 
+# ------------------------------------------------------------------------------------- the reference
+def test_the_policy_with_its_adapters_off_scores_as_a_separately_loaded_base(tiny_dir):
+    from stare_lightning.models.loading import load_reference
+    from stare_lightning.models.reference import ReferencePolicy
+
+    policy = apply_lora(_plain(tiny_dir), LoraConfig(rank=4, dropout=0.3))
+    _train_adapters(policy)
+    policy.train()  # as in a step: LoRA dropout on, which the reference forward must not see
+    reference = ReferencePolicy.of(policy, None)
+    with reference.scoring() as model:
+        off, again = _logprobs(model), _logprobs(model)
+    assert policy.training  # back in the mode the step left it in
+    base = _logprobs(load_reference(tiny_dir, ModelConfig(dtype="float32")))
+    assert torch.allclose(off, base, atol=1e-6, rtol=0) and torch.equal(off, again)
+    # The adapters are on again after the context, and they matter: the check above could have failed.
+    assert (_logprobs(policy.eval()) - base).abs().max() > 1e-2
+
+
+def test_a_lora_policy_is_its_own_reference_and_a_full_one_needs_its_copy(tiny_dir):
+    from stare_lightning.models.reference import ReferencePolicy
+
+    plain = _plain(tiny_dir)
+    with pytest.raises(ValueError, match="takes no frozen copy"):
+        ReferencePolicy.of(_adapted(tiny_dir), plain)
+    with pytest.raises(ValueError, match="needs a frozen copy"):
+        ReferencePolicy.of(_plain(tiny_dir), None)
+    assert ReferencePolicy.of(_plain(tiny_dir), plain) == ReferencePolicy(plain, adapters_off=False)
+
+
 def test_gradient_checkpointing_still_reaches_the_adapters(tiny_dir):
     """Reentrant checkpointing with frozen embeddings (transformers 4.x's default; 5.x makes the inputs need
     gradients itself, so there this guards against a regression rather than showing the fix)."""
@@ -186,8 +216,9 @@ def test_lora_config_composes_from_the_command_line(tmp_path):
     assert run.model.cold_start is not None  # with the tiny model's cold start: fine
     _, run = compose_config(tmp_path, ["model.lora.rank=8", "model.lora.alpha=4", "model.lora.target_modules=[q_proj]"])
     assert run.model.lora.scaling == 0.5 and run.model.lora.target_modules == ["q_proj"]
-    _, run = compose_config(tmp_path, ["model.lora.rank=8", "trainer=ddp"])
-    assert run.model.lora.rank == 8
+    for sharded_or_not in ("trainer=ddp", "trainer=fsdp"):  # FSDP2 shards the peft-wrapped policy too
+        _, run = compose_config(tmp_path, ["model.lora.rank=8", sharded_or_not])
+        assert run.model.lora.rank == 8
     for off in ([], ["model.lora=null"]):
         assert compose_config(tmp_path, off)[1].model.lora is None
 
@@ -195,7 +226,6 @@ def test_lora_config_composes_from_the_command_line(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.lora.rank=4", "trainer=fsdp"], "model.lora.rank=4 is not supported with a sharded strategy"),
         (["model.lora.alpha=32"], "model.lora.alpha=32.0 does nothing with model.lora.rank=0"),
         (["model.lora.target_modules=[q_proj]"], "model.lora.target_modules=['q_proj'] does nothing"),
         (["model.lora.rank=-1"], "model.lora.rank=-1 is out of range"),
@@ -229,9 +259,10 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
     from stare_lightning import train
     from stare_lightning.models.export import export_checkpoint
 
-    cfg = compose_run(tmp_path / "run", [*LORA, "trainer.max_steps=2"])
+    cfg = compose_run(tmp_path / "run", [*LORA, *KL, "trainer.max_steps=2"])
     module, datamodule = train._setup(cfg)
     module.configure_model()
+    assert module.reference is None  # the KL term reads the policy with its adapters off, not a second model
     start = {name: p.detach().clone() for name, p in module.policy.named_parameters() if p.requires_grad}
     train.build_trainer(cfg).fit(module, datamodule=datamodule)
     assert not _base_weights_unchanged(module.policy, module.model_dir)
@@ -241,11 +272,15 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     state = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
     assert any(key.startswith(f"policy.{PEFT_PREFIX}") and ".lora_A." in key for key in state)
+    assert not any(key.startswith("reference.") for key in state)
+    # The adapters start at B = 0, so step 0's policy is its reference (KL 0); once they moved, it is not.
+    kl = {step: row["train/kl"] for step, row in train_rows(read_metrics(tmp_path / "run")).items()}
+    assert abs(kl[0]) < 1e-6 and kl[1] > 1e-6, kl
     exported = _plain(export_checkpoint(last, tmp_path / "hf"))
     assert torch.allclose(_logprobs(exported), _logprobs(module.policy.eval()), atol=1e-5, rtol=0)
 
     # Resume: configure_model wraps the policy again, so the checkpoint's peft names load as they were saved.
-    cfg = compose_run(tmp_path / "run", [*LORA, "trainer.max_steps=3"])
+    cfg = compose_run(tmp_path / "run", [*LORA, *KL, "trainer.max_steps=3"])
     resumed, datamodule = train._setup(cfg)
     trainer = train.build_trainer(cfg)
     trainer.fit(resumed, datamodule=datamodule, ckpt_path=str(last))

@@ -24,6 +24,7 @@ from stare_lightning.step.normalizer import micro_batch_normalizer
 from stare_lightning.step.selection import TokenSelection
 
 if TYPE_CHECKING:
+    from stare_lightning.models.reference import ReferencePolicy
     from stare_lightning.step.plan import LossPlan
 
 
@@ -40,7 +41,7 @@ class MicroBatchLoss:
 
 def micro_batch_loss(
     policy: torch.nn.Module,
-    reference: torch.nn.Module | None,
+    reference: ReferencePolicy | None,
     part: Experience,
     normalizer: LossNormalizer,
     plan: LossPlan,
@@ -59,6 +60,9 @@ def micro_batch_loss(
     them even when a scoring pass gave old log-probs (the reference code). ``selection``: the step's STARE
     selection; ``seed``: this micro-batch's, for a selection made here."""
     on_policy_first_pass = part.old_logprobs is None
+    # Before the policy's forward: a LoRA reference is the policy itself (adapters off), and a second forward of
+    # the same module between the first and its backward would interleave with FSDP2's gathers.
+    ref_logprobs = _reference_logprobs(reference, part, layout, temperature=temperature, chunk_size=chunk_size)
     # A selection made here from the current policy may read this forward's Phi or entropy.
     current_phi, current_entropy = selection.loss_forward_needs()
     stats = response_token_stats(
@@ -76,7 +80,6 @@ def micro_batch_loss(
         old_logprobs=old_logprobs,
         rollout_logprobs=part.rollout_logprobs,
     )
-    ref_logprobs = _reference_logprobs(reference, part, layout, temperature=temperature, chunk_size=chunk_size)
     loss, loss_stats = policy_loss(
         stats.logprobs,
         old_logprobs,
@@ -94,10 +97,11 @@ def micro_batch_loss(
 
 @torch.no_grad()
 def _reference_logprobs(
-    reference, part: Experience, layout: ForwardLayout, *, temperature: float, chunk_size: int
+    reference: ReferencePolicy | None, part: Experience, layout: ForwardLayout, *, temperature: float, chunk_size: int
 ) -> Tensor | None:
     if reference is None:
         return None
-    return response_token_stats(
-        reference, part, layout, temperature=temperature, chunk_size=chunk_size, with_entropy=False
-    ).logprobs
+    with reference.scoring() as model:
+        return response_token_stats(
+            model, part, layout, temperature=temperature, chunk_size=chunk_size, with_entropy=False
+        ).logprobs

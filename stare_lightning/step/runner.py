@@ -1,6 +1,6 @@
 """One training step without Lightning: collect, then score -> gate -> select -> update, for every algorithm.
 
-``StepRunner`` is handed what it works on (the policy, the optional reference model, STARE's controller and the
+``StepRunner`` is handed what it works on (the policy, the optional reference policy, STARE's controller and the
 adaptive entropy coefficient, whose state the caller keeps and checkpoints) and the two things the trainer does
 its own way: ``backward`` and ``optimizer_step`` (clip, then step or skip; it returns the gradient norm, or None
 when it skipped). Every decision comes from the ``StepPlan``. The runner returns a ``StepResult`` for telemetry
@@ -28,6 +28,7 @@ from torch import Tensor
 from stare_lightning import distributed
 from stare_lightning.algorithms import AdaptiveEntropyCoefficient, STAREController
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
+from stare_lightning.models.reference import ReferencePolicy
 from stare_lightning.rewards.pool import VerifierPool
 from stare_lightning.rollout.base import RolloutEngine, SamplingParams
 from stare_lightning.step.batch import Experience, RolloutBatch, filler_micro_batch, micro_batches, mini_batch_rows
@@ -82,7 +83,7 @@ class StepRunner:
         policy: torch.nn.Module,
         optimizer_step: Callable[[bool], float | None],
         backward: Callable[[Tensor], None] = Tensor.backward,
-        reference: torch.nn.Module | None = None,
+        reference: ReferencePolicy | None = None,
         controller: STAREController | None = None,
         entropy_coefficient: AdaptiveEntropyCoefficient | None = None,
         device: torch.device | None = None,
