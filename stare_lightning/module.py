@@ -79,7 +79,7 @@ class STAREModule(LightningModule):
         self.reference: torch.nn.Module | None = None  # there too, with a KL penalty (not with LoRA: ReferencePolicy)
         self.runner: StepRunner | None = None  # once the policy is built and placed (``on_fit_start``)
         self.rollouts: InStepRollouts | AsyncRollouts | None = None  # where the steps' rollouts come from
-        self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed)
+        self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed, lora=self.model_cfg.lora)
         # With a tool every rollout is an episode (rollout/episodes.py); the module owns the tool and closes it.
         self.tools, self.tool = tools or ToolsConfig(), tool
         self.call_format = build_format(self.tools.format, tool, self.tokenizer) if tool is not None else None

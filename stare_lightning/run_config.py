@@ -160,6 +160,11 @@ class RunConfig:
         """Settings that only mean something in tool-using episodes are refused without a tool; a tool is refused
         with a backend that cannot run tool episodes, and LoRA with one that cannot take its merged weights."""
         backend = declared_backend(self.rollout.backend)
+        if self.model.lora is None and self.rollout.lora_sync != "auto":
+            raise ValueError(
+                f"rollout.lora_sync={self.rollout.lora_sync} does nothing without LoRA (model.lora.rank=0): it says "
+                "how a LoRA policy's weights reach the engine; leave it at auto, or set model.lora.rank > 0"
+            )
         if backend is not None and self.model.lora is not None and not backend.lora:
             raise ValueError(
                 f"model.lora.rank={self.model.lora.rank} needs a rollout backend that takes a LoRA policy's merged "

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stare_lightning.rollout.backends import SERVER_BACKEND
+from stare_lightning.rollout.backends import ROLLOUT_BACKENDS, SERVER_BACKEND
 from stare_lightning.rollout.config import LOCAL_HOSTS
 from stare_lightning.rollout.server.auth import check_token
 
@@ -60,6 +60,7 @@ def write_private(path: Path, text: str) -> Path:
 
 
 def serve(cfg) -> None:
+    from stare_lightning.rollout.factory import adapter_sync
     from stare_lightning.rollout.server.client import RolloutServerError
     from stare_lightning.rollout.server.connect import launch_servers
     from stare_lightning.train import prepare_model
@@ -89,9 +90,11 @@ def serve(cfg) -> None:
         )
     model_dir = prepare_model(cfg)
     log_dir = Path(cfg.output_dir) / "servers"
+    adapters = adapter_sync(cfg.rollout, cfg.model.lora, ROLLOUT_BACKENDS[SERVER_BACKEND])  # a LoRA run's
     launched = launch_servers(
-        server, str(model_dir), dtype=serving_dtype(cfg), seed=cfg.seed, log_dir=log_dir, token=token
-    )
+        server, str(model_dir), dtype=serving_dtype(cfg), seed=cfg.seed, log_dir=log_dir, token=token,
+        adapters=adapters,
+    )  # fmt: skip
     stop = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.append(True))

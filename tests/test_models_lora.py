@@ -290,10 +290,15 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_lora_fit_with_vllm_rollouts_keeps_the_canary_quiet(tmp_path, model_cache):
+@pytest.mark.parametrize(
+    "engine",
+    [["rollout=vllm"], ["rollout=server"]],  # adapter-only sync (rollout.lora_sync=auto), colocated and served
+    ids=["colocated", "server"],
+)
+def test_lora_fit_with_vllm_rollouts_keeps_the_canary_quiet(tmp_path, model_cache, engine):
     from stare_lightning.models.export import export_checkpoint
 
-    args = ["fit", f"output_dir={tmp_path}", *FAST, *LORA, "rollout=vllm", "trainer.max_steps=4"]
+    args = ["fit", f"output_dir={tmp_path}", *FAST, *LORA, *engine, "trainer.max_steps=4"]
     proc = run_cli(args, model_cache, cwd=tmp_path)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from stare_lightning.rollout.adapters import AdapterSync
     from stare_lightning.rollout.base import RolloutEngine
 
 __all__ = [
@@ -41,7 +42,8 @@ SERVER_BACKEND = "server"  # the stock vLLM servers' backend, which the ``serve`
 class EngineContext:
     """What a builder gets besides ``rollout``'s settings: the trainer's policy and tokenizer, the model directory,
     the run's seed, the dtype the trainer computes in (a name such as ``bfloat16``; None only without a policy),
-    and where a backend that starts processes writes their logs."""
+    where a backend that starts processes writes their logs, and, for a backend with ``lora_adapters``, how to
+    serve a LoRA policy's adapters (None: sync merged weights)."""
 
     policy: torch.nn.Module
     tokenizer: Any
@@ -49,6 +51,7 @@ class EngineContext:
     seed: int
     dtype: str | None
     log_dir: Path
+    adapters: AdapterSync | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ class RolloutBackend:
     frees its GPU memory during the update. ``in_process_memory``: ``rollout.gpu_memory_utilization`` and
     ``rollout.tensor_parallel_size`` size an engine inside the trainer. ``server_settings``: ``rollout.server.*``
     configure it. ``tool_episodes``: multi-turn tool episodes run on it. ``lora``: a LoRA policy's merged weights
-    can be synced into it.
+    can be synced into it. ``lora_adapters``: it can serve a LoRA policy's adapters over its base weights
+    (``rollout.lora_sync=adapter``; its builder reads ``EngineContext.adapters``).
     ``preflight``: ``"module:function"`` taking the ``RolloutConfig``, run before any model is prepared (a running
     server that does not answer is named in seconds), or None.
     """
@@ -82,6 +86,7 @@ class RolloutBackend:
     server_settings: bool = False
     tool_episodes: bool = True
     lora: bool = True
+    lora_adapters: bool = False
     preflight: str | None = None
 
     # ``rollout`` is the run's ``RolloutConfig`` (not imported here: rollout/config.py checks settings against this
@@ -137,6 +142,7 @@ register_rollout_backend(
         engine_kwargs=True,
         sleep_mode=True,
         in_process_memory=True,
+        lora_adapters=True,
     )
 )
 register_rollout_backend(
@@ -154,6 +160,7 @@ register_rollout_backend(
         summary="stock vLLM servers, launched with the run or running elsewhere; weights pushed over HTTP and files",
         served=True,
         server_settings=True,
+        lora_adapters=True,
         preflight="stare_lightning.rollout.server.connect:check_running_servers",
     )
 )

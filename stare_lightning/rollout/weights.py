@@ -43,6 +43,18 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
+class CountedBytes:
+    """``(name, tensor)`` pairs passed on as they are, counting their bytes (``bytes``: what a weight sync moved)."""
+
+    def __init__(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self._weights, self.bytes = weights, 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._weights:
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+
 class NonFiniteWeights(ValueError):
     """A weight the trainer was about to hand a rollout engine holds NaN or inf: nothing is pushed. A ``ValueError``:
     the run ends with this one line (``user_errors``), before the step's checkpoint is written."""

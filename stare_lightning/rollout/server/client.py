@@ -43,7 +43,10 @@ class ServerClient:
     def __init__(self, url: str, *, token: str | None, timeout: float) -> None:
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
 
-    def _request(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None) -> dict:
+    def _request(
+        self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None, answer_json: bool = True
+    ) -> dict:
+        """The JSON answer (``answer_json=False``: a route that answers in plain text, whose text is not read)."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.token:
@@ -60,6 +63,8 @@ class ServerClient:
             raise RolloutServerError(
                 f"rollout server {self.url} refused {method} {path}: HTTP {status} {detail}", status=status
             )
+        if not answer_json:
+            return {}
         try:
             return json.loads(payload) if payload else {}
         except json.JSONDecodeError:
@@ -77,13 +82,13 @@ class ServerClient:
     def weight_version(self) -> str:
         return str(self._request("GET", "/weight_info").get("weight_version"))
 
-    def generate(self, prompt: list[int], sampling: dict) -> list[Completion]:
-        """``sampling``: vLLM sampling parameters as JSON (n, max_tokens, temperature, seed, ...)."""
-        answer = self._request(
-            "POST",
-            "/inference/v1/generate",
-            {"token_ids": list(prompt), "sampling_params": sampling, "return_token_ids": True, "output_mode": "text"},
-        )
+    def generate(self, prompt: list[int], sampling: dict, adapter: str | None = None) -> list[Completion]:
+        """``sampling``: vLLM sampling parameters as JSON (n, max_tokens, temperature, seed, ...); ``adapter``: the
+        loaded LoRA adapter to sample with (None: the served weights as they are)."""
+        body = {"token_ids": list(prompt), "sampling_params": sampling, "return_token_ids": True, "output_mode": "text"}
+        if adapter is not None:
+            body["model"] = adapter
+        answer = self._request("POST", "/inference/v1/generate", body)
         choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != sampling["n"]:
             raise RolloutServerError(
@@ -122,6 +127,24 @@ class ServerClient:
         """Apply the round (the server loads every chunk at once) under ``version``, then serve again."""
         self._request("POST", "/finish_weight_update", {"weight_version": version})
         self._request("POST", "/resume")
+
+    # ---------------------------------------------------------------------------------------- LoRA adapters
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve the adapter in directory ``path`` as model ``name`` (vLLM's runtime LoRA loading)."""
+        try:
+            self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, answer_json=False)
+        except RolloutServerError as error:
+            if error.status in (404, 405):  # the route is absent: the server was started without runtime LoRA
+                raise RolloutServerError(
+                    f"rollout server {self.url} cannot load LoRA adapters: start it with --enable-lora "
+                    "--max-lora-rank R --max-loras K+1 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment "
+                    "(`python -m stare_lightning serve model.lora.rank=R` does), or set rollout.lora_sync=merged",
+                    status=error.status,
+                ) from None
+            raise
+
+    def unload_adapter(self, name: str) -> None:
+        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, answer_json=False)
 
     def push(self, chunks: Iterable[dict], version: str) -> None:
         self.begin_push()

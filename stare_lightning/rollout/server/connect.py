@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from stare_lightning import distributed
+from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.backends import EngineContext
 from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
 from stare_lightning.rollout.server.auth import check_token
@@ -20,7 +21,7 @@ __all__ = ["answering_servers", "check_running_servers", "connect_servers", "lau
 
 
 def connect_servers(
-    server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path
+    server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, adapters: AdapterSync | None = None
 ) -> ServerRolloutEngine:
     launched, urls, token, problem = None, list(server.urls), os.environ.get(server.token_env), None
     if server.transfer_dir is not None:
@@ -31,7 +32,9 @@ def connect_servers(
         token = token or secrets.token_urlsafe(32)
         if distributed.rank() == 0:
             try:
-                launched = launch_servers(server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token)
+                launched = launch_servers(
+                    server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token, adapters=adapters
+                )
                 urls = list(launched.urls)
             except Exception as error:  # every rank must hear of it, or the others wait at the gather below
                 problem = str(error)
@@ -44,8 +47,15 @@ def connect_servers(
         if launched is not None:
             launched.stop()
         raise
+    # Rank 0's: every rank must name the adapters the same way.
+    run_tag = distributed.all_gather_objects(f"run{secrets.token_hex(4)}")[0]
     return ServerRolloutEngine(
-        clients, chunk_bytes=server.chunk_mb << 20, launched=launched, transfer_dir=server.transfer_dir
+        clients,
+        chunk_bytes=server.chunk_mb << 20,
+        launched=launched,
+        transfer_dir=server.transfer_dir,
+        adapters=adapters,
+        run_tag=run_tag,
     )
 
 
@@ -53,7 +63,7 @@ def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> Serve
     """``rollout.backend=server``'s builder (``rollout/backends.py``): the servers launched (their logs in
     ``context.log_dir``) or reached, in the trainer's compute dtype."""
     return connect_servers(rollout.server, context.model_dir, dtype=context.dtype, seed=context.seed,
-                           log_dir=context.log_dir)  # fmt: skip
+                           log_dir=context.log_dir, adapters=context.adapters)  # fmt: skip
 
 
 def check_running_servers(rollout: RolloutConfig) -> None:
@@ -88,8 +98,18 @@ def answering_servers(urls: list[str], token: str | None, server: ServerConfig) 
     return clients
 
 
-def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: int, log_dir: Path, token: str):
-    """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy."""
+def launch_servers(
+    server: ServerConfig,
+    model_dir: str,
+    *,
+    dtype: str,
+    seed: int,
+    log_dir: Path,
+    token: str,
+    adapters: AdapterSync | None = None,
+):
+    """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy; with
+    ``adapters``, ready to load a LoRA policy's adapters at run time."""
     from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
 
     socket_dir = None
@@ -123,6 +143,7 @@ def launch_servers(server: ServerConfig, model_dir: str, *, dtype: str, seed: in
             startup_timeout=server.startup_timeout,
             extra_args=["--gpu-memory-utilization", str(share)] if share is not None else [],
             socket_dir=socket_dir,
+            adapters=adapters,
         )
     except BaseException:
         if socket_dir is not None:  # from here on the servers' stop removes it

@@ -8,6 +8,11 @@ vLLM's weight-transfer protocol (``client.ServerClient.push``) under a new versi
 collective. Every response says which version produced it, and one from any other version than the last pushed
 stops the run: no sample comes from weights the trainer no longer has, or from a half-finished push.
 
+With ``rollout.lora_sync=adapter`` a push sends a LoRA policy's adapters only: rank 0 writes them as a peft
+adapter directory (``rollout/adapters.py``) and every server loads it under the version's name through vLLM's own
+adapter routes; requests name the adapter to sample with, so a response comes from the version its request named.
+The servers keep ``max_staleness + 1`` versions loaded and never pause for a push.
+
 The chunks travel as files in a directory the trainer and the servers both see: ``/dev/shm`` on one host, a shared
 file system across nodes (``rollout.server.transfer_dir``). The trainer holds that directory by descriptor and checks
 before every push that nobody replaced it (``transfer_dir.py``); a weight holding NaN or inf is refused as it is
@@ -23,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from stare_lightning import distributed
+from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
 from stare_lightning.rollout.base import (
     Rollouts,
     Sample,
@@ -61,11 +67,23 @@ class ServerRolloutEngine:
     holds_weight_copy = True
 
     def __init__(
-        self, clients: Sequence[ServerClient], *, chunk_bytes: int, launched=None, transfer_dir: str | None = None
+        self,
+        clients: Sequence[ServerClient],
+        *,
+        chunk_bytes: int,
+        launched=None,
+        transfer_dir: str | None = None,
+        adapters: AdapterSync | None = None,
+        run_tag: str = "run",
     ) -> None:
         if not clients:
             raise ValueError("ServerRolloutEngine needs at least one server")
         self.clients, self.chunk_bytes, self.launched = list(clients), chunk_bytes, launched
+        # Adapters are named "<run_tag>-<version>": a server kept across runs may still hold an earlier run's "v3",
+        # and reloading a name in place would let cached prefixes computed with its old weights be reused.
+        self.adapters, self.run_tag = adapters, run_tag
+        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
+        self.last_sync_bytes = 0
         self.transfer_under = transfer_dir
         self.version: str | None = None  # the weights every server holds (None: the checkpoint it started from)
         self.pushes = 0
@@ -85,8 +103,9 @@ class ServerRolloutEngine:
         budgets = request_budgets(params, len(prompt_ids), max_new_tokens)
         requests = zip(prompt_ids, request_seeds(params, len(prompt_ids), seeds), budgets)
         start = time.perf_counter()
+        adapter = self._adapter_name(self.version)  # None: merged weights, or no push yet (the base is the policy)
         futures = [
-            self._pool.submit(self._client(i).generate, prompt, sampling_request(params, seed, budget))
+            self._pool.submit(self._client(i).generate, prompt, sampling_request(params, seed, budget), adapter)
             for i, (prompt, seed, budget) in enumerate(requests)
         ]
         answers = [self._result(future, i) for i, future in enumerate(futures)]
@@ -113,7 +132,8 @@ class ServerRolloutEngine:
             raise RolloutServerError(
                 f"rollout server {url} ended a request with finish_reason={completion.finish_reason!r}"
             )
-        if self.version is not None and set(completion.weight_versions) != {self.version}:
+        # An adapter's version is the model its request named; the base's weight version never changes then.
+        if self.adapters is None and self.version is not None and set(completion.weight_versions) != {self.version}:
             raise RolloutServerError(
                 f"rollout server {url} answered with weights {list(completion.weight_versions)}, expected "
                 f"{self.version!r}: the last weight push did not reach it"
@@ -144,7 +164,7 @@ class ServerRolloutEngine:
         ``(name, tensor)`` pairs on rank 0 and None elsewhere. ``keep``: host copies, to push later while the
         trainer goes on changing its parameters; else a generator the caller must run out at once. A tensor
         holding NaN or inf raises ``NonFiniteWeights`` on every rank (``policy`` names the weights in the message)."""
-        weights = finite_weights(iter_full_weights(model), policy)
+        weights = finite_weights(adapter_weights(model) if self.adapters else iter_full_weights(model), policy)
         if distributed.rank() != 0:
             with torch.no_grad():
                 for _ in weights:  # the gathers are collectives: every rank runs them, in the same order
@@ -162,6 +182,8 @@ class ServerRolloutEngine:
 
         self.pushes += 1
         version = version or f"push-{self.pushes}"
+        if self.adapters is not None:
+            return self._load_adapter(weights, version)
         directory = self._directory()
         try:
             directory.check_in_place()
@@ -175,15 +197,40 @@ class ServerRolloutEngine:
             self._each(lambda c: c.end_push(version))
         finally:
             directory.clear()
+        self.last_sync_bytes = sum(sum(chunk["tensor_sizes"]) for chunk in chunks)
         self.version = version
         return version
 
-    def _directory(self) -> TransferDirectory:
-        """The run's transfer directory, made (and announced to every server) at the first push."""
+    def _load_adapter(self, weights, version: str) -> str:
+        """Every server loads the adapter ``weights`` as model ``version``; the version that falls out of the kept
+        window is unloaded and its files deleted. No pause: requests in flight keep the adapter they named."""
+        directory = self._directory(announce=False)  # vLLM's adapter routes take a path, not the transfer backend
+        directory.check_in_place()
+        name = self._adapter_name(version)
+        files = write_adapter(directory, name, weights, self.adapters)
+        try:
+            self._each(lambda c: c.load_adapter(name, str(files.path)))
+        except BaseException:
+            directory.delete(name)
+            raise
+        self.version, self.last_sync_bytes = version, files.bytes
+        for old in self._loaded.add(name):
+            self._each(lambda c, old=old: c.unload_adapter(old))
+            directory.delete(old)
+        return version
+
+    def _adapter_name(self, version: str | None) -> str | None:
+        """The served adapter of ``version`` (None with merged weights or before the first push)."""
+        return None if self.adapters is None or version is None else f"{self.run_tag}-{version}"
+
+    def _directory(self, announce: bool = True) -> TransferDirectory:
+        """The run's transfer directory, made (and, for the weight-transfer backend, announced to every server) at
+        the first push."""
         if self._transfer_dir is None:
             directory = TransferDirectory(self.transfer_under)
             try:
-                self._each(lambda c: c.init_transfer({"directory": str(directory.path)}))
+                if announce:
+                    self._each(lambda c: c.init_transfer({"directory": str(directory.path)}))
             except BaseException:
                 directory.remove()
                 raise

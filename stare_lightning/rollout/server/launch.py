@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.server import http
 from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.transfer import BACKEND
@@ -91,6 +92,7 @@ class LaunchedServers:
         startup_timeout: float = 600.0,
         extra_args: Sequence[str] = (),
         socket_dir: Path | None = None,
+        adapters: AdapterSync | None = None,
     ) -> None:
         if not specs:
             raise ValueError("LaunchedServers needs at least one ServerSpec")
@@ -106,6 +108,7 @@ class LaunchedServers:
             list(extra_args),
         )
         self.socket_dir = socket_dir  # the private directory of the servers' Unix sockets, removed at stop
+        self.adapters = adapters  # LoRA adapters loaded at run time (rollout.lora_sync=adapter), or None
         self.urls: list[str] = [spec.url for spec in self.specs]
         self._processes: dict[str, subprocess.Popen] = {}
 
@@ -137,6 +140,8 @@ class LaunchedServers:
             kv_cache = _CPU_KV_CACHE_BYTES if kv_cache is None else kv_cache
         if kv_cache is not None:
             args += ["--kv-cache-memory-bytes", str(int(kv_cache))]
+        if self.adapters is not None:
+            args += self.adapters.server_args()
         return args + self.extra_args
 
     def environment(self, spec: ServerSpec) -> dict[str, str]:
@@ -144,6 +149,8 @@ class LaunchedServers:
         env.update({"VLLM_SERVER_DEV_MODE": "1", TOKEN_ENV: self.token})
         # The server runs its engine in a process of its own (a parent that runs vLLM in-process may say otherwise).
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        if self.adapters is not None:  # the load and unload routes exist only with this set
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if spec.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = spec.gpus
         if _on_cpu(spec):

@@ -62,23 +62,41 @@ class ChunkDirectory:
     """An existing directory held open by descriptor: chunk files are created, listed and removed relative to it,
     never by path."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, fd: int | None = None) -> None:
         self.path = Path(path)
-        self._fd: int | None = os.open(self.path, _DIRECTORY_FLAGS | os.O_NOFOLLOW)
+        self._fd: int | None = fd if fd is not None else os.open(self.path, _DIRECTORY_FLAGS | os.O_NOFOLLOW)
 
     def create(self, name: str) -> BinaryIO:
         """A new file ``name`` (mode 0600) in this directory, open for writing; refused if the name exists."""
         fd = os.open(name, _CHUNK_FLAGS, 0o600, dir_fd=self._descriptor())
         return os.fdopen(fd, "wb")
 
+    def create_directory(self, name: str) -> ChunkDirectory:
+        """A new sub-directory ``name`` (mode 0700), held by descriptor like this one (a LoRA adapter's files);
+        refused if the name exists. Close it when written."""
+        parent = self._descriptor()
+        os.mkdir(name, 0o700, dir_fd=parent)
+        fd = os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+        os.fchmod(fd, 0o700)  # whatever the umask left of the mode
+        return ChunkDirectory(self.path / name, fd=fd)
+
     def names(self) -> list[str]:
         return sorted(os.listdir(self._descriptor()))
 
-    def clear(self) -> None:
-        """Remove every file in the directory (a push leaves nothing behind)."""
+    def delete(self, name: str) -> None:
+        """Delete the file or sub-directory ``name`` (a sub-directory with the files in it)."""
         fd = self._descriptor()
-        for name in os.listdir(fd):
+        if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
             os.unlink(name, dir_fd=fd)
+            return
+        with ChunkDirectory(self.path / name, fd=os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=fd)) as sub:
+            sub.clear()
+        os.rmdir(name, dir_fd=fd)
+
+    def clear(self) -> None:
+        """Remove everything in the directory (a push leaves nothing behind)."""
+        for name in os.listdir(self._descriptor()):
+            self.delete(name)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -1,0 +1,241 @@
+"""Adapter-only weight sync (``rollout.lora_sync=adapter``): the engine serves a LoRA policy's adapters over its base
+and samples with the trainer's log-probs, colocated and on a server, keeping ``max_staleness + 1`` versions; a
+sync moves the adapters' bytes only; the config refuses what cannot work."""
+
+from __future__ import annotations
+
+import json
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from stare_lightning.models.config import LoraConfig
+from stare_lightning.models.lora import apply_lora
+from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
+from stare_lightning.rollout.base import SamplingParams
+from stare_lightning.rollout.server.transfer_dir import TransferDirectory, default_base
+from stare_lightning.rollout.weights import iter_full_weights
+from tests.needs import require
+from tests.test_config import compose_run as compose_config
+
+require("peft")
+
+RANK = 4
+PROMPTS = [[1, 9, 10, 11, 12], [1, 30, 31, 32]]
+TOKEN = "test-token-" + "0123456789" * 3
+# fp32 on both sides; vLLM applies B (A x) where the trainer folds nothing: rounding only.
+SAME_LOGPROBS = 1e-4
+
+
+def _policy(tiny_dir, *, seed: int) -> torch.nn.Module:
+    """The tiny model with rank-4 adapters set at random (as after training: B no longer 0), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), LoraConfig(rank=RANK))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].double()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def _largest_gap(rollouts, model: torch.nn.Module) -> float:
+    """The largest |engine - trainer| log-prob over every sampled token."""
+    gaps = []
+    for prompt, tokens, logprobs in zip(rollouts.prompt_ids, rollouts.response_ids, rollouts.response_logprobs):
+        served = torch.tensor(logprobs, dtype=torch.float64)
+        gaps.append((served - _trainer_logprobs(model, prompt, tokens)).abs().max())
+    return float(max(gaps))
+
+
+PARAMS = SamplingParams(n=2, max_new_tokens=8, temperature=1.0)
+
+
+# ------------------------------------------------------------------------------------------- the files
+def test_an_adapter_is_written_as_peft_saves_it_in_a_private_directory(tiny_dir):
+    policy = _policy(tiny_dir, seed=1)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    directory = TransferDirectory()
+    try:
+        files = write_adapter(directory, "v1", adapter_weights(policy), sync)
+        assert stat.S_IMODE(files.path.stat().st_mode) == 0o700
+        assert {stat.S_IMODE(p.stat().st_mode) for p in files.path.iterdir()} == {0o600}
+        config = json.loads((files.path / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"] / config["r"]) == (RANK, LoraConfig(rank=RANK).scaling)
+        # The names peft's own save_pretrained writes, and the same tensors.
+        policy.save_pretrained(tmp := Path(tempfile.mkdtemp()))
+        expected = load_file(tmp / "adapter_model.safetensors")
+        written = load_file(files.path / "adapter_model.safetensors")
+        assert sorted(written) == sorted(expected) and all(torch.equal(written[k], expected[k]) for k in expected)
+        assert files.bytes == sum(t.numel() * t.element_size() for t in expected.values())
+        directory.delete("v1")
+        assert directory.names() == []
+    finally:
+        directory.remove()
+
+
+def test_adapter_weights_refuse_a_policy_without_adapters(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ValueError, match="needs a LoRA policy"):
+        list(adapter_weights(AutoModelForCausalLM.from_pretrained(tiny_dir)))
+
+
+def test_the_kept_window_and_vllms_rank_buckets():
+    loaded = LoadedAdapters(keep=2)
+    assert [loaded.add(name) for name in ("a", "b", "c", "d")] == [[], [], ["a"], ["b"]]
+    assert loaded.names == ["c", "d"] and loaded.current == "d"
+    assert [AdapterSync.of(LoraConfig(rank=r)).max_lora_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
+    assert AdapterSync.of(LoraConfig(rank=16), max_staleness=2).vllm_kwargs()["max_loras"] == 3
+    with pytest.raises(ValueError, match="largest rank vLLM serves"):
+        AdapterSync.of(LoraConfig(rank=600))
+
+
+# --------------------------------------------------------------------------------------- the config
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.lora_sync=merged"], "does nothing without LoRA"),
+        (["model.lora.rank=4", "rollout=hf", "rollout.lora_sync=adapter"], "does nothing with rollout.backend=hf"),
+        (["model.lora.rank=4", "rollout.lora_sync=both"], "rollout.lora_sync"),
+    ],
+)
+def test_lora_sync_settings_that_would_do_nothing_or_break_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compose_config(tmp_path, overrides)
+
+
+def test_adapter_mode_is_the_default_where_the_backend_serves_adapters():
+    from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
+    from stare_lightning.rollout.config import RolloutConfig
+    from stare_lightning.rollout.factory import adapter_sync
+
+    lora = LoraConfig(rank=8)
+    assert adapter_sync(RolloutConfig(backend="vllm"), lora, ROLLOUT_BACKENDS["vllm"]) is not None
+    assert adapter_sync(RolloutConfig(backend="vllm", lora_sync="merged"), lora, ROLLOUT_BACKENDS["vllm"]) is None
+    assert adapter_sync(RolloutConfig(backend="hf"), lora, ROLLOUT_BACKENDS["hf"]) is None
+    assert adapter_sync(RolloutConfig(backend="vllm"), None, ROLLOUT_BACKENDS["vllm"]) is None
+    # rollout.backend=auto resolved to HF (no vLLM): an explicit adapter mode cannot be honoured, and says so.
+    with pytest.raises(ValueError, match="resolved to hf"):
+        adapter_sync(RolloutConfig(backend="auto", lora_sync="adapter"), lora, ROLLOUT_BACKENDS["hf"])
+
+
+# ------------------------------------------------------------------------------------ the colocated engine
+@pytest.mark.vllm
+def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logprobs(tiny_dir):
+    require("vllm")
+    from stare_lightning.rollout.vllm import VLLMRolloutEngine
+
+    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    engine = VLLMRolloutEngine(tiny_dir, seed=0, adapters=sync, kv_cache_memory_bytes=64 << 20, max_model_len=256)
+    try:
+        for seed in (1, 2):  # two versions: the second replaces the first
+            policy = _policy(tiny_dir, seed=seed)
+            engine.sync_weights(policy)
+            rollouts = engine.generate(PROMPTS, PARAMS, seeds=[3, 4])
+            assert _largest_gap(rollouts, policy) < SAME_LOGPROBS
+            with policy.disable_adapter():  # the check could fail: the base alone samples other log-probs
+                assert _largest_gap(rollouts, policy) > 100 * SAME_LOGPROBS
+        assert engine._loaded.names == ["policy-v2"] and engine.llm.llm_engine.list_loras() == {2}
+        assert engine._adapter_dir.names() == ["policy-v2"]  # the first version's files are gone
+        merged = sum(t.numel() * t.element_size() for _, t in iter_full_weights(policy))
+        adapters = sum(t.numel() * t.element_size() for _, t in adapter_weights(policy))
+        assert engine.last_sync_bytes == adapters < merged / 10
+        path = engine._adapter_dir.path
+    finally:
+        engine.close()
+    assert not path.exists()
+
+
+# --------------------------------------------------------------------------------------------- a server
+@pytest.fixture(scope="module")
+def lora_server(tiny_dir, tmp_path_factory):
+    require("vllm")
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+
+    sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
+    spec = ServerSpec(0, uds=str(sockets / "0.sock"))
+    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=1)
+    with LaunchedServers(
+        tiny_dir,
+        [spec],
+        log_dir=tmp_path_factory.mktemp("lora_server_logs"),
+        token=TOKEN,
+        max_model_len=256,
+        kv_cache_memory_bytes=64 << 20,
+        socket_dir=sockets,
+        adapters=sync,
+    ) as launched:
+        yield launched.urls[0], sync
+
+
+@pytest.mark.vllm
+def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logprobs(lora_server, tiny_dir):
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+
+    url, sync = lora_server
+    client = ServerClient(url, token=TOKEN, timeout=120)
+    engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="test")
+    try:
+        policies = {}
+        for seed in (1, 2, 3):
+            policies[seed] = _policy(tiny_dir, seed=seed)
+            version = engine.push(engine.gather_weights(policies[seed]), version=f"v{seed}")
+            assert engine._adapter_name(version) == f"test-v{seed}"
+        assert _largest_gap(engine.generate(PROMPTS, PARAMS, seeds=[3, 4]), policies[3]) < SAME_LOGPROBS
+        # max_staleness=1: the version before the newest is still served, as a request sent before the push
+        # would have named it, with that version's log-probs.
+        engine.version = "v2"
+        assert _largest_gap(engine.generate(PROMPTS, PARAMS, seeds=[3, 4]), policies[2]) < SAME_LOGPROBS
+        engine.version = "v1"  # two pushes ago: unloaded, and its files deleted
+        with pytest.raises(RolloutServerError, match="test-v1"):
+            engine.generate(PROMPTS, PARAMS, seeds=[3, 4])
+        assert engine._transfer_dir.names() == ["test-v2", "test-v3"]
+        assert engine.last_sync_bytes == sum(t.numel() * t.element_size() for _, t in adapter_weights(policies[3]))
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
+def test_a_server_started_without_runtime_lora_is_named_with_the_fix(tiny_dir, tmp_path):
+    """The stock server without LoRA flags has no adapter routes; the trainer says what to start it with."""
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+
+    require("vllm")
+    sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
+    spec = ServerSpec(0, uds=str(sockets / "0.sock"))
+    with LaunchedServers(tiny_dir, [spec], log_dir=tmp_path, token=TOKEN, max_model_len=256,
+                         kv_cache_memory_bytes=64 << 20, socket_dir=sockets) as launched:  # fmt: skip
+        client = ServerClient(launched.urls[0], token=TOKEN, timeout=120)
+        with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+            client.load_adapter("x", str(tmp_path))
+
+
+def test_adapter_names_keep_the_producers_versions():
+    """Every rank names a version's adapter the same way; merged weights name none."""
+    from stare_lightning.rollout.server.client import ServerClient
+    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+
+    client = ServerClient("http://127.0.0.1:9", token=TOKEN, timeout=1)
+    sync = AdapterSync.of(LoraConfig(rank=RANK))
+    engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="run1a2b")
+    merged = ServerRolloutEngine([client], chunk_bytes=1 << 20)
+    try:
+        assert engine._adapter_name(None) is None and engine._adapter_name("v7") == "run1a2b-v7"
+        assert merged._adapter_name("v7") is None
+    finally:
+        engine.close()
+        merged.close()
