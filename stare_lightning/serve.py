@@ -4,7 +4,8 @@ For runs whose servers live elsewhere (``rollout.server.launch=false``): on a ro
 same model the trainer will (the tiny model's cold start included), starts ``rollout.server.count`` stock vLLM
 servers placed by ``rollout.server.host``, ``port``, ``cpus`` and ``gpus``, prints their URLs, and stops them on
 Ctrl-C or SIGTERM. For a LoRA run (``model.lora.rank`` as the trainer's, ``rollout.lora_sync`` adapter or auto) the
-servers start ready to load its adapters at run time. A server that dies ends ``serve`` with an error naming it, so a scheduler sees it.
+servers start ready to load its adapters at run time. A server that dies ends ``serve`` with an error naming it, so
+a scheduler sees it.
 
 The credential: every route but ``/health`` needs the bearer token in ``$STARE_LIGHTNING_SERVER_TOKEN`` (or the
 variable ``rollout.server.token_env`` names), the trainer's too; one shorter than 32 characters, or blank, is refused

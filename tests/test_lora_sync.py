@@ -208,22 +208,6 @@ def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logpro
         engine.close()
 
 
-@pytest.mark.vllm
-def test_a_server_started_without_runtime_lora_is_named_with_the_fix(tiny_dir, tmp_path):
-    """The stock server without LoRA flags has no adapter routes; the trainer says what to start it with."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
-
-    require("vllm")
-    sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
-    spec = ServerSpec(0, uds=str(sockets / "0.sock"))
-    with LaunchedServers(tiny_dir, [spec], log_dir=tmp_path, token=TOKEN, max_model_len=256,
-                         kv_cache_memory_bytes=64 << 20, socket_dir=sockets) as launched:  # fmt: skip
-        client = ServerClient(launched.urls[0], token=TOKEN, timeout=120)
-        with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
-            client.load_adapter("x", str(tmp_path))
-
-
 def test_adapter_names_keep_the_producers_versions():
     """Every rank names a version's adapter the same way; merged weights name none."""
     from stare_lightning.rollout.server.client import ServerClient

@@ -622,3 +622,14 @@ print(json.dumps({{"attempts": attempts, "connected": connected, "refusals": ref
     assert report["attempts"] == FLOOD_ATTEMPTS and report["connected"] == 0  # ...and opened nothing here
     assert report["refusals"] == {"EACCES": FLOOD_ATTEMPTS}
     assert answered >= 1 and _request(url, "/health", token=None)[0] == 200
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_server_started_without_runtime_lora_is_named_with_the_fix(server, tmp_path):
+    """The module's server has no LoRA flags, so no adapter routes: the trainer says what to start it with."""
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+
+    client = ServerClient(server[0], token=TOKEN, timeout=HTTP_TIMEOUT_S)
+    with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        client.load_adapter("policy-v1", str(tmp_path))

@@ -70,6 +70,7 @@ from stare_lightning.rollout.base import (
     rollouts_from_samples,
 )
 from stare_lightning.rollout.config import COMMON_ENGINE_KEYS, RolloutConfig, refuse_owned_engine_keys
+from stare_lightning.rollout.server.transfer_dir import TransferDirectory
 from stare_lightning.rollout.vllm_process import (
     contain_engine_side_effects,
     forked_rng,
@@ -77,7 +78,6 @@ from stare_lightning.rollout.vllm_process import (
     quiet_rotary_reload_warning,
 )
 from stare_lightning.rollout.vllm_settings import explain_generator_rewind, platform_kwargs, rank_kwargs, request_params
-from stare_lightning.rollout.server.transfer_dir import TransferDirectory
 from stare_lightning.rollout.weights import CountedBytes, finite_weights, iter_full_weights
 
 _INSTALL_HINT = (

@@ -44,7 +44,13 @@ class ServerClient:
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
 
     def _request(
-        self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None, answer_json: bool = True
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        timeout: float | None = None,
+        answer_json: bool = True,
     ) -> dict:
         """The JSON answer (``answer_json=False``: a route that answers in plain text, whose text is not read)."""
         data = None if body is None else json.dumps(body).encode()
