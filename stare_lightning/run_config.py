@@ -106,18 +106,8 @@ class RunConfig:
         check_target_name(self.optim.optimizer, "optim.optimizer", self.allowed_targets)
 
     def _check_memory_levers(self, accelerator: str) -> None:
-        """LoRA, the fused LM head and FSDP2's CPU offload, refused where they would break or do nothing."""
+        """The fused LM head and FSDP2's CPU offload, refused where they would break or do nothing."""
         strategy = (self.trainer or {}).get("strategy")
-        target = str(strategy.get("_target_", "")) if isinstance(strategy, dict) else str(strategy)
-        sharded = "fsdp" in target.lower() or target.endswith("ModelParallelStrategy")
-        if self.model.lora is not None and sharded:
-            # peft wraps each targeted Linear after loading; fully_shard would then shard base weights and
-            # adapters alike, and the merged-weight sync to the engine reads whole (unsharded) layers.
-            raise ValueError(
-                f"model.lora.rank={self.model.lora.rank} is not supported with a sharded strategy "
-                f"(trainer.strategy={target}): LoRA here is single-process or DDP (trainer=gpu, trainer=ddp); "
-                "set model.lora.rank=0 for FSDP2"
-            )
         if self.forward.fused_lm_head and self.telemetry.same_batch_entropy:
             raise ValueError(
                 "forward.fused_lm_head=true never forms the logits, but telemetry.same_batch_entropy=true compares "

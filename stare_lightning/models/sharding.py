@@ -2,6 +2,10 @@
 
 Applied in ``configure_model`` under Lightning's ``ModelParallelStrategy``, which provides the device mesh.
 Sharding layer by layer lets FSDP2 gather one layer's parameters at a time in forward and backward.
+A LoRA policy (peft: ``PeftModel`` -> ``LoraModel`` -> the HF model) is sharded the same way, on the HF model
+inside the wrapper: each decoder layer's group then holds its frozen base weights and its adapters together,
+the adapters alone get gradients (reduce-scattered) and optimizer state, and the frozen weights are only
+sharded and gathered.
 ``sharding_policies`` reads the strategy's mixed-precision and CPU-offload policies (``FSDP2Strategy``).
 """
 
@@ -9,6 +13,8 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
+
+from stare_lightning.models.lora import is_lora
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -24,6 +30,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
 
 
+def sharded_root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module ``fully_shard`` is applied to last: ``model``, or the HF model inside a peft wrapper.
+
+    Not the wrapper itself: peft's ``generate`` calls the HF model's ``generate``, whose forward passes never
+    go through the wrapper's, so a root on the wrapper would leave the embeddings and the LM head sharded there
+    (the HF rollout engine generates with the trainer's module). Every forward of the wrapper, training's
+    included, runs the HF model's forward, so the root's gathers happen on both paths.
+    """
+    return model.get_base_model() if is_lora(model) else model
+
+
 def sharding_policies(strategy) -> dict:
     """``shard_model``'s policies from a strategy: its ``mixed_precision_policy`` and ``offload_policy``
     (None where it has none)."""
@@ -34,9 +51,9 @@ def sharding_policies(strategy) -> dict:
 
 
 def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mp_policy=None, offload_policy=None) -> None:
-    """Shard ``model`` in place over the mesh's data-parallel dimension; ``mp_policy``: FSDP2's
-    ``MixedPrecisionPolicy`` (None keeps forward and backward in the parameters' dtype); ``offload_policy``:
-    FSDP2's ``CPUOffloadPolicy`` (None keeps the shards on the device)."""
+    """Shard ``model`` (a LoRA policy too) in place over the mesh's data-parallel dimension; ``mp_policy``:
+    FSDP2's ``MixedPrecisionPolicy`` (None keeps forward and backward in the parameters' dtype);
+    ``offload_policy``: FSDP2's ``CPUOffloadPolicy`` (None keeps the shards on the device)."""
     from torch.distributed.fsdp import fully_shard
 
     mesh = (
@@ -49,6 +66,7 @@ def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh, *, mp_policy=No
         kwargs["mp_policy"] = mp_policy
     if offload_policy is not None:
         kwargs["offload_policy"] = offload_policy
-    for layer in decoder_layers(model):
+    root = sharded_root(model)
+    for layer in decoder_layers(root):
         fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(root, **kwargs)
