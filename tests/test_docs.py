@@ -269,6 +269,41 @@ def test_the_results_pages_quote_both_evaluation_windows_from_the_committed_summ
     assert quoted in " ".join((REPO / "docs" / "results" / page).read_text().split()), f"{page} does not quote {quoted}"
 
 
+BOTH = ("README.md", "docs/results/offline.md")
+
+
+@pytest.mark.parametrize(
+    ("arm", "baseline", "outcome", "val_tail", "quoted", "pages"),
+    [
+        ("stare_o1", "grpo_ds", "entropy", 3, "+0.123 [+0.112, +0.134]", BOTH),
+        ("stare_o1", "grpo_ds", "val_avg@n", 3, "-0.034 [-0.060, -0.008]", BOTH),
+        ("stare_o1", "grpo_ds", "val_pass@4", 3, "+0.042 [+0.001, +0.083]", BOTH),
+        ("stare_o1_w2", "grpo_ds", "entropy", 3, "+0.100 [+0.092, +0.109]", BOTH),
+        ("stare_o1_w2", "grpo_ds", "val_avg@n", 3, "-0.021 [-0.056, +0.013]", BOTH),
+        ("stare_o1_w2", "grpo_ds", "val_pass@4", 3, "+0.060 [+0.026, +0.094]", BOTH),
+        ("stare_o1", "grpo_ds", "distinct_correct", 3, "+0.311 [+0.273, +0.348]", BOTH[1:]),
+        ("stare_o1_w2", "stare_o1", "entropy", 3, "-0.023 [-0.029, -0.016]", BOTH[1:]),
+        ("stare_o1_w2", "stare_o1", "val_avg@n", 3, "+0.013 [-0.013, +0.040]", BOTH[1:]),
+        ("stare_o1_w2", "stare_o1", "val_pass@4", 3, "+0.018 [-0.021, +0.056]", BOTH[1:]),
+        ("stare_o1", "grpo_ds", "val_pass@4", 1, "+0.027 [-0.047, +0.101]", BOTH[1:]),
+        ("stare_o1", "grpo_ds", "val_avg@n", 1, "-0.050 [-0.094, -0.006]", BOTH[1:]),
+    ],
+)
+def test_the_ten_seed_headline_is_quoted_from_its_committed_summaries(arm, baseline, outcome, val_tail, quoted, pages):
+    """The README's and the offline page's ten-seed figures (scripts/offline_headline.sh; the window it fixed is the
+    last three validations, and the final one alone is quoted beside it), computed again from
+    notebooks/data/offline_headline."""
+    from stare_lightning.analysis.compare import find_runs, seed_statistics
+
+    runs = [run for run in find_runs(REPO / "notebooks" / "data" / "offline_headline") if run.arm in (arm, baseline)]
+    stats = seed_statistics(runs, baseline=baseline, val_tail=val_tail).set_index(["arm", "outcome"])
+    row = stats.loc[(arm, outcome)]
+    assert row["pairs"] == 10
+    assert f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]" == quoted
+    for page in pages:
+        assert quoted in " ".join((REPO / page).read_text().split()), f"{page} does not quote {quoted}"
+
+
 def _hook(name: str):
     """A module of docs/_hooks/, loaded from its file."""
     import importlib.util

@@ -143,6 +143,11 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
         1,
     ),
     "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
+    "offline_headline.ipynb": (
+        "data/offline_headline",
+        [f"{arm}_seed{seed}" for arm in ("grpo_ds", "stare_o1", "stare_o1_w2") for seed in range(1, 11)],
+        2,
+    ),
     "offline_tradeoff.ipynb": (
         "data/offline_tradeoff",
         ["grpo_ds_seed1", "grpo_ds_seed2", "grpo_ds_seed3", "stare_c2_seed1", "stare_o1_adaptive_seed3"],

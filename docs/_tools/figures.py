@@ -28,6 +28,8 @@ LABELS = {"grpo_ds": "GRPO-ds", "stare_o1": "STARE-O1"}
 # (notebook, index of the code cell among cells, index of the image in that cell's outputs) -> file name
 NOTEBOOK_IMAGES = {
     ("async_study.ipynb", 10, 0): "async_study_entropy.png",
+    ("offline_headline.ipynb", 9, 0): "offline_headline_entropy.png",
+    ("offline_headline.ipynb", 11, 0): "offline_headline_accuracy.png",
     ("offline_tradeoff.ipynb", 5, 0): "offline_tradeoff.png",
     ("selector_ablation.ipynb", 8, 0): "selector_ablation_entropy.png",
     ("selector_ablation.ipynb", 10, 0): "selector_ablation_mechanism.png",
@@ -52,16 +54,16 @@ def train_column(csv: Path, column: str) -> pd.Series:
 
 
 def entropy_figure(path: Path) -> None:
-    """Training entropy of GRPO-ds and STARE-O1 in the offline default, seeds 1-3 (the README's figure)."""
+    """Training entropy of GRPO-ds and STARE-O1 (W = 3) in the offline default, seeds 1-10 (the README's figure)."""
     figure = Figure(figsize=(7.5, 3.6), layout="constrained")
     axes = figure.subplots()
     for arm in ("grpo_ds", "stare_o1"):
-        seeds = [train_column(DATA / "offline_tradeoff" / "default" / f"{arm}_seed{s}" / "metrics.csv", "train/entropy")
-                 for s in (1, 2, 3)]  # fmt: skip
+        seeds = [train_column(DATA / "offline_headline" / f"{arm}_seed{s}" / "metrics.csv", "train/entropy")
+                 for s in range(1, 11)]  # fmt: skip
         frame = pd.concat(seeds, axis=1).rolling(10, min_periods=1).mean()
         mean = frame.mean(axis=1)
         axes.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=COLORS[arm], alpha=0.2, lw=0)
-        axes.plot(mean.index, mean, color=COLORS[arm], label=f"{LABELS[arm]} (mean of seeds 1-3)")
+        axes.plot(mean.index, mean, color=COLORS[arm], label=f"{LABELS[arm]} (mean of seeds 1-10)")
     axes.axhline(0.3, color="0.4", ls=":", label="STARE's target entropy")
     axes.set(xlabel="training step", ylabel="entropy (nats per token)")
     axes.set_title("Offline default: the token entropy, 10-step mean (band: lowest to highest seed)", fontsize=10)
