@@ -116,19 +116,22 @@ def test_lora_sync_settings_that_would_do_nothing_or_break_are_refused(tmp_path,
         compose_config(tmp_path, overrides)
 
 
-def test_adapter_mode_is_the_default_where_the_backend_serves_adapters():
+def test_adapter_mode_is_the_default_on_gpus_where_the_backend_serves_adapters():
     from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
     from stare_lightning.rollout.config import RolloutConfig
     from stare_lightning.rollout.factory import adapter_sync
 
-    lora = LoraConfig(rank=8)
-    assert adapter_sync(RolloutConfig(backend="vllm"), lora, ROLLOUT_BACKENDS["vllm"]) is not None
-    assert adapter_sync(RolloutConfig(backend="vllm", lora_sync="merged"), lora, ROLLOUT_BACKENDS["vllm"]) is None
-    assert adapter_sync(RolloutConfig(backend="hf"), lora, ROLLOUT_BACKENDS["hf"]) is None
-    assert adapter_sync(RolloutConfig(backend="vllm"), None, ROLLOUT_BACKENDS["vllm"]) is None
+    lora, vllm, hf = LoraConfig(rank=8), ROLLOUT_BACKENDS["vllm"], ROLLOUT_BACKENDS["hf"]
+    assert adapter_sync(RolloutConfig(backend="vllm"), lora, vllm, on_gpu=True) is not None
+    # On a CPU vLLM's LoRA decode is slow (benchmarks/bench_lora.py): auto syncs merged weights, adapter insists.
+    assert adapter_sync(RolloutConfig(backend="vllm"), lora, vllm, on_gpu=False) is None
+    assert adapter_sync(RolloutConfig(backend="vllm", lora_sync="adapter"), lora, vllm, on_gpu=False) is not None
+    assert adapter_sync(RolloutConfig(backend="vllm", lora_sync="merged"), lora, vllm, on_gpu=True) is None
+    assert adapter_sync(RolloutConfig(backend="hf"), lora, hf, on_gpu=True) is None
+    assert adapter_sync(RolloutConfig(backend="vllm"), None, vllm, on_gpu=True) is None
     # rollout.backend=auto resolved to HF (no vLLM): an explicit adapter mode cannot be honoured, and says so.
     with pytest.raises(ValueError, match="resolved to hf"):
-        adapter_sync(RolloutConfig(backend="auto", lora_sync="adapter"), lora, ROLLOUT_BACKENDS["hf"])
+        adapter_sync(RolloutConfig(backend="auto", lora_sync="adapter"), lora, hf)
 
 
 # ------------------------------------------------------------------------------------ the colocated engine

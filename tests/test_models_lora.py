@@ -292,7 +292,8 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
 @pytest.mark.vllm
 @pytest.mark.parametrize(
     "engine",
-    [["rollout=vllm"], ["rollout=server"]],  # adapter-only sync (rollout.lora_sync=auto), colocated and served
+    # adapter-only sync, colocated and served (on a CPU auto would sync merged weights: rollout/factory.py)
+    [["rollout=vllm", "rollout.lora_sync=adapter"], ["rollout=server", "rollout.lora_sync=adapter"]],
     ids=["colocated", "server"],
 )
 def test_lora_fit_with_vllm_rollouts_keeps_the_canary_quiet(tmp_path, model_cache, engine):

@@ -194,8 +194,8 @@ class RolloutConfig:
     (step/producer.py)."""
     lora_sync: str = "auto"
     """With `model.lora`: what each weight sync sends the engine. `adapter`: the adapters only, served as a vLLM LoRA
-    over the base; `merged`: the whole model with the adapters folded in; `auto`: adapter where the backend serves
-    adapters (vllm, server)."""
+    over the base; `merged`: the whole model with the adapters folded in; `auto`: adapter on GPUs where the backend
+    serves adapters (vllm, server), merged on a CPU (vLLM's CPU LoRA kernels are slow)."""
 
     def __post_init__(self) -> None:
         p = "rollout."

@@ -74,10 +74,18 @@ def build_engine(
     return backend.build(cfg, context)
 
 
-def adapter_sync(cfg: RolloutConfig, lora: LoraConfig | None, backend: RolloutBackend) -> AdapterSync | None:
+def adapter_sync(
+    cfg: RolloutConfig, lora: LoraConfig | None, backend: RolloutBackend, *, on_gpu: bool | None = None
+) -> AdapterSync | None:
     """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
-    ``auto`` on a backend that serves no adapters)."""
+    ``auto`` on a backend that serves no adapters, or without a GPU). ``on_gpu``: whether the engine runs on GPUs
+    (default: whether this process sees one)."""
     if lora is None or cfg.lora_sync == "merged":
+        return None
+    if cfg.lora_sync == "auto" and not (torch.cuda.is_available() if on_gpu is None else on_gpu):
+        # vLLM's LoRA kernels on a CPU are plain torch: SmolLM2 at rank 16 took 83 s a step against 28 s merged
+        # (benchmarks/bench_lora.py), far more than the half second a merged sync costs. So auto means adapters on
+        # GPUs only; lora_sync=adapter asks for them anyway.
         return None
     if not backend.lora_adapters:
         if cfg.lora_sync == "adapter":  # rollout.backend=auto resolved to an engine without adapters
