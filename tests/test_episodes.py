@@ -13,6 +13,7 @@ import torch
 
 from stare_lightning.algorithms import LossSpec, StepParams, policy_loss
 from stare_lightning.cli import compose, prepare_config
+from stare_lightning.models.reference import ReferencePolicy
 from stare_lightning.rollout.base import SamplingParams
 from stare_lightning.rollout.episodes import ToolEpisodes
 from stare_lightning.step import Experience
@@ -246,7 +247,8 @@ def test_loss_gradient_never_reaches_the_logits_of_tool_tokens(policy, experienc
     part = Experience.build(batch, old_logprobs=None, phi=None, stare_weights=None, stare_selected=None)
     normalizer = step_normalizer(part, max_response_length=BUDGET, device=torch.device("cpu"))
     params = StepParams(gate_on=True, w=3.0, m=0.0)
-    result = micro_batch_loss(model, policy, part, normalizer, LossPlan.resolve(alg), params=params, entropy_coef=0.01,
+    ref = ReferencePolicy(policy)
+    result = micro_batch_loss(model, ref, part, normalizer, LossPlan.resolve(alg), params=params, entropy_coef=0.01,
                               temperature=1.0, chunk_size=64,
                               selection=TokenSelection.resolve(alg.stare, group_size=1))  # fmt: skip
     result.loss.backward()
