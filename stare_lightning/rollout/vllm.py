@@ -177,13 +177,7 @@ class VLLMRolloutEngine:
             logprobs_mode=logprobs_mode,
             max_model_len=max_model_len,
         )
-        self.adapters = adapters
-        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
-        self._adapter_dir: TransferDirectory | None = None
-        self._lora_requests: dict[str, Any] = {}  # loaded adapter name -> its vLLM LoRARequest
-        self._adapter_versions = 0  # adapters synced so far: the next one's id (vLLM's lora_int_id starts at 1)
-        if adapters is not None:
-            kwargs.update(adapters.vllm_kwargs())
+        kwargs.update(self._adapter_state(adapters))
         self._owns_process_group = not process_group_exists()
         kwargs.update(rank_kwargs(seed, tensor_parallel_size))
         kwargs.update(platform_kwargs(self.on_cpu, kv_cache_memory_bytes, llm_kwargs))
@@ -196,6 +190,16 @@ class VLLMRolloutEngine:
         self.tokenizer = self.llm.get_tokenizer()
         if not self._owns_process_group:
             keep_trainer_process_group_on_shutdown(self.llm)
+
+    def _adapter_state(self, adapters: AdapterSync | None) -> dict:
+        """Set up serving a LoRA policy's adapters (nothing without ``adapters``); returns ``vllm.LLM``'s LoRA
+        arguments."""
+        self.adapters = adapters
+        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
+        self._adapter_dir: TransferDirectory | None = None
+        self._lora_requests: dict[str, Any] = {}  # loaded adapter name -> its vLLM LoRARequest
+        self._adapter_versions = 0  # adapters synced so far: the next one's id (vLLM's lora_int_id starts at 1)
+        return adapters.vllm_kwargs() if adapters is not None else {}
 
     # -- protocol -------------------------------------------------------------------------------------
 
