@@ -60,6 +60,11 @@ def is_lora(model: torch.nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a peft wrapper, or ``model``."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def adapter_scaling(model: torch.nn.Module) -> float:
     """The one ``alpha / rank`` of every LoRA layer of ``model`` (``apply_lora`` gives them all the same)."""
     from peft.tuners.lora import LoraLayer

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from stare_lightning.models.lora import is_lora
+from stare_lightning.models.lora import base_model
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -38,7 +38,7 @@ def sharded_root(model: torch.nn.Module) -> torch.nn.Module:
     (the HF rollout engine generates with the trainer's module). Every forward of the wrapper, training's
     included, runs the HF model's forward, so the root's gathers happen on both paths.
     """
-    return model.get_base_model() if is_lora(model) else model
+    return base_model(model)
 
 
 def sharding_policies(strategy) -> dict:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from stare_lightning.algorithms import TokenStats, token_stats_from_hidden, token_stats_from_logits
+from stare_lightning.models.lora import base_model
 from stare_lightning.step.batch import RolloutBatch
 
 
@@ -209,11 +210,6 @@ def _in_rows(packed: PackedRows, stats: TokenStats) -> TokenStats:
     """``[1, scored]`` statistics back at their ``[rows, response_width]`` places."""
     values = {name: getattr(stats, name) for name in TokenStats.__dataclass_fields__}
     return TokenStats(**{name: None if v is None else packed.to_rows(v[0]) for name, v in values.items()})
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face model inside a peft wrapper, or ``model``."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _prompt_owners(batch: RolloutBatch) -> list[int]:
