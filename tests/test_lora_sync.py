@@ -94,8 +94,9 @@ def test_adapter_weights_refuse_a_policy_without_adapters(tiny_dir):
 
 def test_the_kept_window_and_vllms_rank_buckets():
     loaded = LoadedAdapters(keep=2)
-    assert [loaded.add(name) for name in ("a", "b", "c", "d")] == [[], [], ["a"], ["b"]]
-    assert loaded.names == ["c", "d"] and loaded.current == "d"
+    assert loaded.current is None
+    assert [loaded.add(name, name.upper()) for name in ("a", "b", "c", "d")] == [[], [], [("a", "A")], [("b", "B")]]
+    assert loaded.names == ["c", "d"] and loaded.current == "D"
     assert [AdapterSync.of(LoraConfig(rank=r)).max_lora_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
     assert AdapterSync.of(LoraConfig(rank=16), max_staleness=2).vllm_kwargs()["max_loras"] == 3
     with pytest.raises(ValueError, match="largest rank vLLM serves"):

@@ -23,6 +23,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -128,16 +129,25 @@ def write_adapter(
 
 
 class LoadedAdapters:
-    """The adapter versions an engine serves, newest last; ``add`` says which fell out of the kept window."""
+    """The adapter versions an engine serves, oldest first, each with what the engine needs to name it in a request
+    (vLLM's ``LoRARequest`` colocated, nothing on a server); ``add`` returns the versions that fell out of the kept
+    window."""
 
     def __init__(self, keep: int) -> None:
-        self.keep, self.names = keep, []
+        self.keep, self.loaded = keep, {}
 
-    def add(self, name: str) -> list[str]:
-        self.names.append(name)
-        dropped, self.names = self.names[: -self.keep], self.names[-self.keep :]
+    def add(self, name: str, handle: Any = None) -> list[tuple[str, Any]]:
+        self.loaded[name] = handle
+        dropped = list(self.loaded.items())[: -self.keep]
+        for old, _ in dropped:
+            del self.loaded[old]
         return dropped
 
     @property
-    def current(self) -> str | None:
-        return self.names[-1] if self.names else None
+    def names(self) -> list[str]:
+        return list(self.loaded)
+
+    @property
+    def current(self) -> Any:
+        """The newest version's handle (None before the first)."""
+        return self.loaded[next(reversed(self.loaded))] if self.loaded else None

@@ -197,7 +197,6 @@ class VLLMRolloutEngine:
         self.adapters = adapters
         self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
         self._adapter_dir: TransferDirectory | None = None
-        self._lora_requests: dict[str, Any] = {}  # loaded adapter name -> its vLLM LoRARequest
         self._adapter_versions = 0  # adapters synced so far: the next one's id (vLLM's lora_int_id starts at 1)
         return adapters.vllm_kwargs() if adapters is not None else {}
 
@@ -269,17 +268,14 @@ class VLLMRolloutEngine:
             files = write_adapter(self._adapter_dir, name, weights, self.adapters)
         request = LoRARequest(name, version, str(files.path))
         self.llm.llm_engine.add_lora(request)
-        self._lora_requests[name] = request
-        for old in self._loaded.add(name):
-            self.llm.llm_engine.remove_lora(self._lora_requests.pop(old).lora_int_id)
+        for old, old_request in self._loaded.add(name, request):
+            self.llm.llm_engine.remove_lora(old_request.lora_int_id)
             self._adapter_dir.delete(old)
         return files.bytes
 
     def _current_adapter(self):
         """The LoRA request of the newest adapter version (None: merged sync, or no sync yet: the base itself)."""
-        if self._loaded is None or self._loaded.current is None:
-            return None
-        return self._lora_requests[self._loaded.current]
+        return None if self._loaded is None else self._loaded.current
 
     def sleep(self) -> None:
         """Level-1 sleep on GPU (weights kept in host memory); nothing on CPU or without sleep mode."""

@@ -214,7 +214,7 @@ class ServerRolloutEngine:
             directory.delete(name)
             raise
         self.version, self.last_sync_bytes = version, files.bytes
-        for old in self._loaded.add(name):
+        for old, _ in self._loaded.add(name):
             self._each(lambda c, old=old: c.unload_adapter(old))
             directory.delete(old)
         return version
