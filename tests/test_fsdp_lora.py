@@ -2,11 +2,13 @@
 
 Two levels. On the sharding itself (no Lightning): two ranks, each with half of a fixed batch, take the same two
 optimizer steps as one process with the whole batch (losses, gradient norms, adapters, the merged weights that
-a rollout engine would receive, and what the HF engine samples from the sharded module), while only the adapters
-get gradients and optimizer state and the frozen base stays bit for bit the model directory's. On a real
+a rollout engine would receive, the KL reference with the adapters off, and what the HF engine samples from the
+sharded module), while only the adapters get gradients and optimizer state and the frozen base stays bit for bit
+the model directory's. On a real
 ``fit`` with ``trainer=fsdp`` on two processes: a run resumed from its step-1 distributed checkpoint ends where
-the uninterrupted run ends, its checkpoint keeps optimizer state for the adapters only, and ``export`` gives a
-plain HF model whose weights are peft's own merge of the checkpoint's adapters into the base.
+the uninterrupted run ends, its KL term measures against the sharded policy with its adapters off (no second
+model), its checkpoint keeps optimizer state for the adapters only, and ``export`` gives a plain HF model whose
+weights are peft's own merge of the checkpoint's adapters into the base.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from stare_lightning.models.config import LoraConfig, ModelConfig
 from stare_lightning.models.lora import PEFT_PREFIX
 from tests.distributed import run_on_ranks
 from tests.needs import require
+from tests.test_fit import read_metrics, train_rows
 from tests.test_fsdp import _fit
 
 require("peft")
@@ -86,6 +89,7 @@ def _sample(policy: torch.nn.Module, model_dir: str, prompt: list[int]):
 def _sharded_worker(rank: int, world: int, model_dir: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
+    from stare_lightning.models.reference import ReferencePolicy
     from stare_lightning.models.sharding import shard_model
     from stare_lightning.rollout.weights import full_tensor, iter_full_weights
 
@@ -98,6 +102,12 @@ def _sharded_worker(rank: int, world: int, model_dir: str) -> dict:
     # Collectives: every rank gathers every weight.
     out["weights"] = {name: full_tensor(p.detach()) for name, p in policy.named_parameters()}
     out["merged"] = dict(iter_full_weights(policy))
+    # The KL reference of a LoRA policy is the sharded module itself with its adapters off.
+    with ReferencePolicy.of(policy, None).scoring() as reference, torch.no_grad():
+        out["reference_logits"] = reference(input_ids=IDS[rank * half : (rank + 1) * half]).logits
+    out["training_after_reference"] = policy.training
+    with torch.no_grad():
+        out["policy_logits"] = policy(input_ids=IDS[rank * half : (rank + 1) * half]).logits
     # Ranks sample different prompts: the engine's synced generation keeps the sharded forwards in lockstep.
     out["samples"] = _sample(policy, model_dir, IDS[rank, :6].tolist())
     return out
@@ -146,6 +156,18 @@ def test_two_ranks_train_a_sharded_lora_policy_as_one_process_does(tiny_dir, tmp
     for name, weight in merged.items():
         torch.testing.assert_close(got["merged"][name], weight, atol=ATOL, rtol=0, msg=lambda m, n=name: n + m)
 
+    # The reference with the adapters off is the starting model, from each rank's shards; the adapters come back on.
+    from transformers import AutoModelForCausalLM
+
+    starting = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    half = len(IDS) // len(sharded)
+    for rank, got_rank in sharded.items():
+        with torch.no_grad():
+            want_logits = starting(input_ids=IDS[rank * half : (rank + 1) * half]).logits
+        torch.testing.assert_close(got_rank["reference_logits"], want_logits, atol=1e-5, rtol=0)
+        assert got_rank["training_after_reference"], "scoring the reference left the policy in eval mode"
+        assert (got_rank["policy_logits"] - want_logits).abs().max() > 1e-2, "the adapters stayed off"
+
     # Sampling from the sharded module: each rank's tokens carry the trained one-process policy's log-probs.
     reference.eval()
     for rank in sharded:
@@ -157,13 +179,15 @@ def test_two_ranks_train_a_sharded_lora_policy_as_one_process_does(tiny_dir, tmp
 
 # ------------------------------------------------------------------------------------------- a real fit
 # The random tiny model without its supervised warm-up (the slow part of a first fit) never earns a reward, so
-# no advantage moves the adapters; an entropy bonus gives every step a gradient all the same.
+# no advantage moves the adapters; an entropy bonus gives every step a gradient all the same. The KL term's
+# reference is the sharded policy with its adapters off (no second model is loaded or sharded).
 LORA_FSDP = [
     "debug=fast",
     "rollout=hf",
     "model.cold_start.steps=0",
     "algorithm=entropy_bonus",
     "algorithm.entropy_bonus.coef=0.1",
+    "algorithm.kl.coef=0.05",
     "model.lora.rank=4",
     "optim.lr=1e-2",
     "validation.before_fit=false",
@@ -197,6 +221,8 @@ def test_sharded_lora_fit_resumes_and_exports_peft_merged_weights(tmp_path, mode
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _fit([f"output_dir={straight}", *LORA_FSDP], model_cache, tmp_path)
+    kl = {step: row["train/kl"] for step, row in train_rows(read_metrics(straight)).items()}
+    assert abs(kl[0]) < 1e-6 and kl[1] > 1e-6, f"the KL to the adapters-off reference should start at 0 and grow: {kl}"
     step1 = tmp_path / "step1.ckpt"  # a name without "=", which Hydra's override grammar would need quoted
     shutil.copytree(straight / "checkpoints" / "epoch=0-step=1.ckpt", step1)
     _fit([f"output_dir={resumed}", *LORA_FSDP, f"ckpt_path={step1}"], model_cache, tmp_path)
@@ -211,6 +237,7 @@ def test_sharded_lora_fit_resumes_and_exports_peft_merged_weights(tmp_path, mode
     straight_policy = {k.removeprefix("policy."): v for k, v in want["state_dict"].items() if k.startswith("policy.")}
     adapters = sorted(name for name in policy if ".lora_" in name)
     assert adapters and policy.keys() == straight_policy.keys()
+    assert not [k for k in full["state_dict"] if k.startswith("reference.")], "a second model was checkpointed"
 
     # The resumed step starts from the checkpoint's adapters and Adam moments: it ends where the straight run does.
     for name in adapters:
