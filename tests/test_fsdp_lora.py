@@ -1,10 +1,10 @@
 """LoRA under FSDP2: the peft-wrapped policy sharded over two gloo ranks trains as one process does.
 
 Two levels. On the sharding itself (no Lightning): two ranks, each with half of a fixed batch, take the same two
-optimizer steps as one process with the whole batch (losses, gradient norms, adapters, the merged weights that
-a rollout engine would receive, the KL reference with the adapters off, and what the HF engine samples from the
-sharded module), while only the adapters get gradients and optimizer state and the frozen base stays bit for bit
-the model directory's. On a real
+optimizer steps as one process with the whole batch (losses, gradient norms, adapters, the merged weights or the
+adapters alone that a rollout engine would receive, the KL reference with the adapters off, and what the HF
+engine samples from the sharded module), while only the adapters get gradients and optimizer state and the frozen
+base stays bit for bit the model directory's. On a real
 ``fit`` with ``trainer=fsdp`` on two processes: a run resumed from its step-1 distributed checkpoint ends where
 the uninterrupted run ends, its KL term measures against the sharded policy with its adapters off (no second
 model), its checkpoint keeps optimizer state for the adapters only, and ``export`` gives a plain HF model whose
@@ -91,6 +91,7 @@ def _sharded_worker(rank: int, world: int, model_dir: str) -> dict:
 
     from stare_lightning.models.reference import ReferencePolicy
     from stare_lightning.models.sharding import shard_model
+    from stare_lightning.rollout.adapters import adapter_weights
     from stare_lightning.rollout.weights import full_tensor, iter_full_weights
 
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",))
@@ -102,6 +103,7 @@ def _sharded_worker(rank: int, world: int, model_dir: str) -> dict:
     # Collectives: every rank gathers every weight.
     out["weights"] = {name: full_tensor(p.detach()) for name, p in policy.named_parameters()}
     out["merged"] = dict(iter_full_weights(policy))
+    out["adapter"] = dict(adapter_weights(policy))  # what rollout.lora_sync=adapter ships
     # The KL reference of a LoRA policy is the sharded module itself with its adapters off.
     with ReferencePolicy.of(policy, None).scoring() as reference, torch.no_grad():
         out["reference_logits"] = reference(input_ids=IDS[rank * half : (rank + 1) * half]).logits
@@ -124,6 +126,7 @@ def _base_name(peft_name: str) -> str:
 
 
 def test_two_ranks_train_a_sharded_lora_policy_as_one_process_does(tiny_dir, tmp_path):
+    from stare_lightning.rollout.adapters import adapter_weights
     from stare_lightning.rollout.weights import iter_full_weights
 
     sharded = run_on_ranks(_sharded_worker, tmp_path, str(tiny_dir))
@@ -155,6 +158,12 @@ def test_two_ranks_train_a_sharded_lora_policy_as_one_process_does(tiny_dir, tmp
     assert list(got["merged"]) == list(merged) and set(merged) == set(base)
     for name, weight in merged.items():
         torch.testing.assert_close(got["merged"][name], weight, atol=ATOL, rtol=0, msg=lambda m, n=name: n + m)
+
+    # The adapters alone (adapter sync), gathered from the shards under the names of one process's adapters.
+    want_adapter = dict(adapter_weights(reference))
+    assert list(got["adapter"]) == list(want_adapter)
+    for name, weight in want_adapter.items():
+        torch.testing.assert_close(got["adapter"][name], weight, atol=ATOL, rtol=0, msg=lambda m, n=name: n + m)
 
     # The reference with the adapters off is the starting model, from each rank's shards; the adapters come back on.
     from transformers import AutoModelForCausalLM
