@@ -2,12 +2,16 @@
 # Does STARE hold the entropy when only a low-rank update trains? experiment=smollm2_study (SmolLM2-135M-Instruct,
 # 100 steps) with rank-16 LoRA adapters, GRPO-ds and STARE-O1, seeds 0-2: six jobs, each its own resumable process
 # (scripts/study_jobs.sh), paired by seed to the committed full-fine-tuning runs of scripts/smollm2_study.sh.
-# The LoRA learning rate is measured first, by the same rule that chose the full fine-tune's (the experiment's
-# comments): GRPO-ds with LoRA at three rates, seed 0, 30 steps (the probe arms, about 12 minutes each); the rate
-# whose entropy halves nearest the step where the full fine-tune's does (lr 2e-6) is the study's LORA_LR.
+# The LoRA learning rate was measured first, by the rule that chose the full fine-tune's (the experiment's
+# comments): GRPO-ds with LoRA, seed 0, 30 steps (the probe arms, about 15 minutes each); the study's rate puts the
+# halving of the entropy at the step where the full fine-tune's halves (lr 2e-6: steps 71, 64 and 81 for seeds 0-2),
+# taking, as there, lr x steps at the halving as constant. At 1e-4 the entropy halved at step 21 (lr x steps 2.1e-3);
+# at 2e-5 it had not halved by step 30 (as that product predicts, about step 105); 2.1e-3 / 72 = 2.9e-5, so 3e-5,
+# about 15 times the full fine-tune's rate. (The third arm, 5e-4, was not needed to bracket it and was not run.)
 #   ARM_NAMES="probe_2e-5 probe_1e-4 probe_5e-4" SEEDS=0 scripts/lora_study.sh   # the probe
-#   LORA_LR=<the probe's rate> scripts/lora_study.sh                              # the six jobs, then summaries
-# Directory: the first argument (default multirun/lora_study). Environment: SEEDS, ARM_NAMES, DATA, PYTHON, CHAINS.
+#   scripts/lora_study.sh                                                         # the six jobs, then summaries
+# Directory: the first argument (default multirun/lora_study).
+# Environment: SEEDS, ARM_NAMES, LORA_LR, DATA, PYTHON, CHAINS.
 set -euo pipefail
 OUT=${1:-multirun/lora_study}
 PY=${PYTHON:-.venv/bin/python}
@@ -22,7 +26,7 @@ declare -A ARMS=(
   [probe_5e-4]="$PROBE optim.lr=5e-4 algorithm.name=probe_5e-4"
 )
 if [[ " ${ORDER[*]} " == *"_lora "* ]]; then
-  : "${LORA_LR:?set LORA_LR to the rate the probe measured (see the top of this script)}"
+  LORA_LR=${LORA_LR:-3e-5}  # the probe's rate (the top of this script)
   ARMS[grpo_ds_lora]="algorithm=grpo_ds optim.lr=$LORA_LR algorithm.name=grpo_ds_lora"
   ARMS[stare_o1_lora]="algorithm=stare_o1 optim.lr=$LORA_LR algorithm.name=stare_o1_lora"
 fi
