@@ -148,6 +148,11 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
         [f"{arm}_seed{seed}" for arm in ("grpo_ds", "stare_o1", "stare_o1_w2") for seed in range(1, 11)],
         2,
     ),
+    "lora_study.ipynb": (
+        "data/lora_study",
+        ["probe_1e-4_seed0", "probe_2e-5_seed0", "grpo_ds_lora_seed0", "stare_o1_lora_seed0"],
+        2,
+    ),
     "offline_tradeoff.ipynb": (
         "data/offline_tradeoff",
         ["grpo_ds_seed1", "grpo_ds_seed2", "grpo_ds_seed3", "stare_c2_seed1", "stare_o1_adaptive_seed3"],

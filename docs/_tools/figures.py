@@ -35,6 +35,8 @@ NOTEBOOK_IMAGES = {
     ("selector_ablation.ipynb", 10, 0): "selector_ablation_mechanism.png",
     ("smollm2_study.ipynb", 3, 0): "smollm2_study.png",
     ("smollm2_study.ipynb", 5, 0): "smollm2_pass_at_k.png",
+    ("lora_study.ipynb", 3, 0): "lora_learning_rate.png",
+    ("lora_study.ipynb", 5, 0): "lora_study.png",
     ("entropy_dynamics.ipynb", 7, 0): "telemetry_overview.png",
     ("entropy_dynamics.ipynb", 7, 1): "telemetry_quadrants.png",
 }
