@@ -14,7 +14,8 @@ Measured, in one process (all CPU here):
    with its adapters off (``models/reference.py``). Reported: the copy's parameter bytes, the memory LoRA saves.
 4. With ``--fit-steps N``: short fits of ``experiment=smollm2_countdown model.lora.rank=16`` in each mode, colocated
    and with a launched server, reporting the median ``train/time/step_s`` and ``train/time/sync`` over the steps
-   after the first (the arms alternate in that order).
+   after the first (the arms alternate in that order), and the bytes of the ``last.ckpt`` each wrote (the adapters,
+   their AdamW moments and the run's state: the frozen base is left out, ``trainer/frozen_base.py``).
 
 Then a projection for Qwen2.5-7B at rank 16 from its published shape: the bytes of each mode (bf16 weights, fp32
 adapters as the trainer keeps them), and the seconds at the bytes-per-second each path reached here. A projection
@@ -152,7 +153,9 @@ def run_fit(mode: str, engine: str, steps: int, out: Path, cache: str) -> dict:
     rows = [r for r in csv.DictReader(open(run / "logs" / "metrics.csv")) if r.get("train/time/step_s")]
     rows = rows[1:]  # the first step starts the engine
     median = lambda key: statistics.median(float(r[key]) for r in rows if r.get(key))  # noqa: E731
-    return {"step_s": median("train/time/step_s"), "sync_s": median("train/time/sync"), "steps": len(rows)}
+    checkpoint_bytes = (run / "checkpoints" / "last.ckpt").stat().st_size
+    return {"step_s": median("train/time/step_s"), "sync_s": median("train/time/sync"), "steps": len(rows),
+            "checkpoint_bytes": checkpoint_bytes}  # fmt: skip
 
 
 def main() -> None:
@@ -231,8 +234,9 @@ def time_fits(steps: int, cache: str) -> dict:
         for engine in ("vllm", "server"):
             for mode in ("merged", "adapter"):
                 fit = fits[f"{engine}/{mode}"] = run_fit(mode, engine, steps, Path(out), cache)
+                megabytes = fit["checkpoint_bytes"] / 1e6
                 print(f"fit {engine:6s} {mode:8s}: step {fit['step_s']:.2f} s, sync {fit['sync_s']:.3f} s "
-                      f"(median of {fit['steps']} steps)")  # fmt: skip
+                      f"(median of {fit['steps']} steps), last.ckpt {megabytes:.0f} MB")  # fmt: skip
     return fits
 
 

@@ -45,6 +45,7 @@ from stare_lightning.trainer.cpu_threads import share_cores
 from stare_lightning.trainer.loss_scale import loss_scale_for
 from stare_lightning.trainer.optim import OptimizerSteps, build_optimizer
 from stare_lightning.trainer.precision import compute_dtype
+from stare_lightning.trainer.run_state import load_run_state, save_run_state
 
 
 class STAREModule(LightningModule):
@@ -174,14 +175,10 @@ class STAREModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.engine.mark_stale()
-        state = checkpoint.get("stare_lightning", {})
-        for name, part in self._stateful().items():
-            if part is not None and state.get(name) is not None:
-                part.load_state_dict(state[name])
+        load_run_state(checkpoint, self._stateful(), self.policy, self.model_dir, self.trainer.ckpt_path)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        state = {name: part.state_dict() if part is not None else None for name, part in self._stateful().items()}
-        checkpoint["stare_lightning"] = state
+        save_run_state(checkpoint, self._stateful(), self.policy, self.model_dir)
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:

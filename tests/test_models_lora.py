@@ -1,9 +1,11 @@
 """LoRA through peft: the merged weights are the adapted model's, only the adapters train in a real fit, the
 rollout engine receives merged weights (the log-prob canary says so, and would not with the base weights), a
-checkpoint resumes and exports to a plain HF directory, and the config refuses what cannot work."""
+checkpoint holds the adapters without the frozen base, resumes and exports to a plain HF directory (and refuses
+another base), and the config refuses what cannot work."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from stare_lightning.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from stare_lightning.models.lora import PEFT_PREFIX, apply_lora, merge_adapters
+from stare_lightning.models.lora import PEFT_PREFIX, apply_lora, as_wrapped, merge_adapters
 from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.weights import iter_full_weights
@@ -209,6 +211,55 @@ def test_export_of_a_lora_checkpoint_is_a_plain_model_with_merged_weights(tiny_d
         export_checkpoint(tmp_path / "no_settings.ckpt", tmp_path / "hf2")
 
 
+def _trainable(policy: torch.nn.Module) -> set[str]:
+    return {name for name, p in policy.named_parameters() if p.requires_grad}
+
+
+def test_the_base_named_as_peft_wraps_it_is_the_wrapped_policys_frozen_state(tiny_dir):
+    policy = _adapted(tiny_dir, rank=2)
+    adapted = {name.split(".lora_A.")[0] for name in _trainable(policy) if ".lora_A." in name}
+    renamed = dict(as_wrapped(_plain(tiny_dir).state_dict().items(), adapted))
+    frozen = {k: v for k, v in policy.state_dict().items() if k not in _trainable(policy)}
+    assert renamed.keys() == frozen.keys()
+    assert all(torch.equal(renamed[k], frozen[k]) for k in frozen)
+
+
+def test_an_adapter_only_checkpoint_resumes_and_exports_from_its_base_and_refuses_another(tiny_dir, tmp_path):
+    from stare_lightning.models.export import export_checkpoint
+    from stare_lightning.models.tiny import build_tiny_model
+    from stare_lightning.trainer.frozen_base import omit_frozen_base, restore_frozen_base
+
+    policy = _adapted(tiny_dir)
+    _train_adapters(policy, steps=2)
+    state = {f"policy.{k}": v for k, v in policy.state_dict().items()}
+    model = asdict(ModelConfig(lora=LoraConfig(rank=4)))
+    checkpoint = {"state_dict": state, "hyper_parameters": {"model_dir": str(tiny_dir), "model": model}}
+    omit_frozen_base(checkpoint, policy, "policy.", str(tiny_dir))
+    assert {k.removeprefix("policy.") for k in checkpoint["state_dict"]} == _trainable(policy)
+
+    # A resume gets the loaded base back into the state dict, and a strict load of it restores the trained policy.
+    fresh = _adapted(tiny_dir)
+    resumed = {"state_dict": dict(checkpoint["state_dict"]), "stare_lightning": checkpoint["stare_lightning"]}
+    restore_frozen_base(resumed, fresh, "policy.", str(tiny_dir), "adapters.ckpt")
+    fresh.load_state_dict({k.removeprefix("policy."): v for k, v in resumed["state_dict"].items()}, strict=True)
+    assert torch.equal(_logprobs(fresh.eval()), _logprobs(policy.eval()))
+
+    # The base is named by its files, not its path: a copy serves; another model of the same shape does not.
+    copy, other = tmp_path / "copy", build_tiny_model(tmp_path / "other", seed=1)
+    shutil.copytree(tiny_dir, copy)
+    for model_dir in (tiny_dir, copy):
+        checkpoint["hyper_parameters"]["model_dir"] = str(model_dir)
+        torch.save(checkpoint, tmp_path / "adapters.ckpt")
+        exported = _plain(export_checkpoint(tmp_path / "adapters.ckpt", tmp_path / "hf"))
+        assert torch.allclose(_logprobs(exported), _logprobs(policy), atol=1e-5, rtol=0)
+    checkpoint["hyper_parameters"]["model_dir"] = str(other)
+    torch.save(checkpoint, tmp_path / "adapters.ckpt")
+    with pytest.raises(ValueError, match=f"the model at {other} is not that model"):
+        export_checkpoint(tmp_path / "adapters.ckpt", tmp_path / "hf2")
+    with pytest.raises(ValueError, match="adapters.ckpt holds LoRA adapters without their frozen base"):
+        restore_frozen_base(resumed, fresh, "policy.", str(other), "adapters.ckpt")
+
+
 # ------------------------------------------------------------------------------------------- the config
 def test_lora_config_composes_from_the_command_line(tmp_path):
     _, run = compose_config(tmp_path, ["model.lora.rank=8"])
@@ -271,7 +322,8 @@ def test_lora_fit_trains_only_the_adapters_resumes_and_exports(tmp_path, model_c
 
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     state = torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
-    assert any(key.startswith(f"policy.{PEFT_PREFIX}") and ".lora_A." in key for key in state)
+    policy_keys = {key.removeprefix("policy.") for key in state if key.startswith("policy.")}
+    assert policy_keys == _trainable(module.policy), "the checkpoint should hold the adapters and no frozen base"
     assert not any(key.startswith("reference.") for key in state)
     # The adapters start at B = 0, so step 0's policy is its reference (KL 0); once they moved, it is not.
     kl = {step: row["train/kl"] for step, row in train_rows(read_metrics(tmp_path / "run")).items()}

@@ -1,7 +1,9 @@
 """Turn a ``fit`` checkpoint (one file, or a sharded distributed-checkpoint directory) into an HF directory.
 
-A LoRA run's checkpoint holds the frozen base weights and the adapters under peft's names; the export writes
-the base model's layout with every adapter merged (``models/lora.py``), loadable without peft.
+A LoRA run's checkpoint holds the adapters under peft's names, and either the frozen base beside them or (since
+checkpoints leave it out: ``trainer/frozen_base.py``) a record of the model directory it is, whose weights are
+read again after checking the record's fingerprint. The export writes the base model's layout with every adapter
+merged (``models/lora.py``), loadable without peft.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from stare_lightning.models.config import LoraConfig
-from stare_lightning.models.lora import merge_adapters
+from stare_lightning.models.lora import as_wrapped, merge_adapters
 from stare_lightning.trainer.checkpoint_trust import (
     LIGHTNING_META_FILE,
     load_distributed_tensors,
@@ -20,8 +22,8 @@ from stare_lightning.trainer.checkpoint_trust import (
     read_metadata,
     vet_checkpoint,
 )
+from stare_lightning.trainer.frozen_base import POLICY_PREFIX, RECORD, RUN_STATE, check_same_base
 
-POLICY_PREFIX = "policy."
 # Where a distributed checkpoint keeps the module's weights: Lightning's Trainer saves them under "state_dict",
 # Fabric under "model".
 DISTRIBUTED_MODULE_KEYS = ("state_dict.", "model.")
@@ -38,6 +40,19 @@ def _load_checkpoint(path: Path) -> dict:
         checkpoint["state_dict"] = load_distributed_tensors(path, prefix=prefix)
         return checkpoint
     return load_file(path)
+
+
+def _with_frozen_base(weights: dict, checkpoint: dict, ckpt_path: Path, model_dir: str) -> dict:
+    """The policy's weights with the frozen base an adapter-only checkpoint left out, read from ``model_dir``
+    in the run's dtype and named as the peft-wrapped policy names them; a checkpoint holding its base as it is."""
+    record = (checkpoint.get(RUN_STATE) or {}).get(RECORD)
+    if record is None:
+        return weights
+    check_same_base(record, model_dir, ckpt_path)
+    dtype = (checkpoint.get("hyper_parameters", {}).get("model") or {}).get("dtype", "float32")
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).state_dict()
+    adapted = {name.split(".lora_A.")[0] for name in weights if ".lora_A." in name}
+    return {**dict(as_wrapped(base.items(), adapted)), **weights}
 
 
 def _merged_lora(weights: dict, checkpoint: dict, ckpt_path: Path) -> dict:
@@ -62,7 +77,7 @@ def export_checkpoint(ckpt_path: str | Path, export_dir: str | Path) -> Path:
     weights = {k[len(POLICY_PREFIX) :]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
     if not weights:
         raise ValueError(f"{ckpt_path} holds no policy weights (no state_dict keys start with {POLICY_PREFIX!r})")
-    weights = _merged_lora(weights, checkpoint, ckpt_path)
+    weights = _merged_lora(_with_frozen_base(weights, checkpoint, ckpt_path, model_dir), checkpoint, ckpt_path)
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

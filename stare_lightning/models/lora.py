@@ -99,6 +99,14 @@ def merge_adapters(named: Iterable[tuple[str, torch.Tensor]], scaling: float) ->
         raise ValueError(f"LoRA layers without all of base weight, A and B: {incomplete}")
 
 
+def as_wrapped(named: Iterable[tuple[str, torch.Tensor]], adapted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's ``(name, tensor)`` under the names its peft wrapper gives them: ``adapted`` names the
+    wrapped layers (as the adapters' names spell them, with peft's prefix), whose tensors move to ``base_layer``."""
+    for name, tensor in named:
+        layer, _, leaf = f"{PEFT_PREFIX}{name}".rpartition(".")
+        yield (f"{layer}.base_layer.{leaf}" if layer in adapted else f"{layer}.{leaf}"), tensor
+
+
 def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
     """``W + scaling * B @ A`` in ``W``'s dtype (computed in fp32 when ``W`` is narrower)."""
     with torch.no_grad():

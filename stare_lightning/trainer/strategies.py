@@ -16,16 +16,25 @@ steps on the CPU. GPU memory then holds one gathered layer at a time plus activa
 host-device copies and a CPU optimizer step. The shards must stay on the host, so ``model_to_device`` moves
 only buffers (rotary tables) to the GPU; and the process group gets a gloo backend for CPU tensors besides
 NCCL, because gradient-norm clipping reduces the offloaded gradients' norms where they live.
+
+Loading a checkpoint that leaves out the frozen base (a LoRA run's, ``trainer/frozen_base.py``): Lightning asks
+a distributed checkpoint for every key of the module and fails on the first one missing, and a single file's
+strict load fails too. This strategy checks that the keys the checkpoint lacks are all frozen, then loads the ones
+it holds; the frozen tensors stay as the model directory gave them, and the module's ``on_load_checkpoint``
+checks that directory's fingerprint against the one the checkpoint recorded.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from stare_lightning.config.checks import choice, flag
+from stare_lightning.trainer.checkpoint_trust import LIGHTNING_META_FILE, load_file, read_metadata
+from stare_lightning.trainer.frozen_base import frozen_keys
 
 _DTYPES = ("float32", "bfloat16", "float16")
 # NCCL for the GPU collectives, gloo for those on offloaded (host) tensors.
@@ -107,3 +116,57 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // int(self._tensor_parallel_size)
         super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(checkpoint_path))
+        sharded = (path / LIGHTNING_META_FILE).is_file()
+        absent = self._absent_frozen_keys(path, sharded)
+        if not absent:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        if sharded:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            present = {key: value for key, value in get_model_state_dict(self.model).items() if key not in absent}
+            self._load_sharded(path, present)
+            return load_file(path / LIGHTNING_META_FILE)  # the rest, as data only (trainer/checkpoint_trust.py)
+        # One file: Lightning's load skips the keys a file lacks when not strict; the frozen ones are all it lacks.
+        module = self.lightning_module
+        strict, module.strict_loading = module.strict_loading, False
+        try:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        finally:
+            module.strict_loading = strict
+
+    def _absent_frozen_keys(self, path: Path, sharded: bool) -> set[str]:
+        """The module's state-dict keys the checkpoint lacks, refused unless every one is frozen (module docstring)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if sharded:
+            saved = {name.removeprefix("state_dict.") for name in read_metadata(path).state_dict_metadata}
+        elif path.is_file():
+            saved = set(load_file(path, mmap=True).get("state_dict", {}))
+        else:
+            return set()  # not a checkpoint: Lightning's load says so
+        absent = set(get_model_state_dict(self.model)) - saved
+        trained = sorted(absent - set(frozen_keys(self.model)))
+        if trained:
+            raise ValueError(f"{path} lacks trained weights: {trained[:5]}{' ...' if len(trained) > 5 else ''}")
+        return absent
+
+    def _load_sharded(self, path: Path, module_state: dict[str, Any]) -> None:
+        """The module's ``module_state`` keys and every optimizer's state from the distributed checkpoint."""
+        from torch.distributed.checkpoint import load
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        load({"state_dict": module_state}, checkpoint_id=path)
+        self.model.load_state_dict(module_state, strict=False)
+        for index, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{index}"
+            optimizer_state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            load(optimizer_state, checkpoint_id=path)
+            options = StateDictOptions(cpu_offload=True)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optimizer_state[key], options=options)
