@@ -232,6 +232,8 @@ def test_the_layout_page_names_every_module_of_the_packages_it_lists_file_by_fil
 
 STUDIES = {"async.md": "async_study", "offline.md": "offline_tradeoff", "tool-use.md": "tool_countdown"}
 STUDIES["smollm2.md"] = "smollm2_study"
+STUDIES["lora.md"] = "lora_study"
+ENTROPY_TAIL = 10  # the SmolLM2 and LoRA studies' entropy window: steps 90-99 of 100
 UNCORRECTED, OFFLINE_GRPO = "stare_o1_k4_uncorrected", "default/grpo_ds"
 
 
@@ -253,17 +255,21 @@ UNCORRECTED, OFFLINE_GRPO = "stare_o1_k4_uncorrected", "default/grpo_ds"
         ("smollm2.md", "stare_o1", "grpo_ds", "val_avg@n", 1, "-0.008 [-0.033, +0.016]"),
         ("smollm2.md", "stare_c2", "grpo_ds", "val_avg@n", 1, "-0.009 [-0.037, +0.018]"),
         ("smollm2.md", "stare_o1_adaptive", "grpo_ds", "val_avg@n", 1, "-0.008 [-0.038, +0.022]"),
+        ("smollm2.md", "stare_o1", "grpo_ds", "entropy", 3, "+0.090 [+0.063, +0.117]"),
+        ("lora.md", "stare_o1_lora", "grpo_ds_lora", "entropy", 3, "+0.150 [-0.272, +0.573]"),
     ],
 )
 def test_the_results_pages_quote_both_evaluation_windows_from_the_committed_summaries(
     page, arm, baseline, outcome, val_tail, quoted
 ):
     """A paired difference a results page quotes under a given validation window (``val_tail``: the last three
-    validations, or the final one alone), computed again from the summaries committed under notebooks/data."""
+    validations, or the final one alone; the entropy over ``ENTROPY_TAIL`` steps), computed again from the summaries
+    committed under notebooks/data."""
     from stare_lightning.analysis.compare import find_runs, seed_statistics
 
     runs = [run for run in find_runs(REPO / "notebooks" / "data" / STUDIES[page]) if run.arm in (arm, baseline)]
-    stats = seed_statistics(runs, baseline=baseline, val_tail=val_tail).set_index(["arm", "outcome"])
+    stats = seed_statistics(runs, baseline=baseline, tail=ENTROPY_TAIL, val_tail=val_tail)
+    stats = stats.set_index(["arm", "outcome"])
     row = stats.loc[(arm, outcome)]
     assert f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]" == quoted
     assert quoted in " ".join((REPO / "docs" / "results" / page).read_text().split()), f"{page} does not quote {quoted}"
