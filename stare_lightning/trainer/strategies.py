@@ -118,16 +118,20 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         path = Path(self.broadcast(checkpoint_path))
         sharded = (path / LIGHTNING_META_FILE).is_file()
-        absent = self._absent_frozen_keys(path, sharded)
+        saved = _saved_module_keys(path, sharded)
+        module_state = get_model_state_dict(self.model) if saved is not None else {}
+        absent = set(module_state) - (saved or set())
         if not absent:
             return super().load_checkpoint(path, weights_only=weights_only)
+        trained = sorted(absent - set(frozen_keys(self.model)))
+        if trained:
+            raise ValueError(f"{path} lacks trained weights: {trained[:5]}{' ...' if len(trained) > 5 else ''}")
         if sharded:
-            from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-            present = {key: value for key, value in get_model_state_dict(self.model).items() if key not in absent}
-            self._load_sharded(path, present)
+            self._load_sharded(path, {key: value for key, value in module_state.items() if key not in absent})
             return load_file(path / LIGHTNING_META_FILE)  # the rest, as data only (trainer/checkpoint_trust.py)
         # One file: Lightning's load skips the keys a file lacks when not strict; the frozen ones are all it lacks.
         module = self.lightning_module
@@ -136,22 +140,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             return super().load_checkpoint(path, weights_only=weights_only)
         finally:
             module.strict_loading = strict
-
-    def _absent_frozen_keys(self, path: Path, sharded: bool) -> set[str]:
-        """The module's state-dict keys the checkpoint lacks, refused unless every one is frozen (module docstring)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        if sharded:
-            saved = {name.removeprefix("state_dict.") for name in read_metadata(path).state_dict_metadata}
-        elif path.is_file():
-            saved = set(load_file(path, mmap=True).get("state_dict", {}))
-        else:
-            return set()  # not a checkpoint: Lightning's load says so
-        absent = set(get_model_state_dict(self.model)) - saved
-        trained = sorted(absent - set(frozen_keys(self.model)))
-        if trained:
-            raise ValueError(f"{path} lacks trained weights: {trained[:5]}{' ...' if len(trained) > 5 else ''}")
-        return absent
 
     def _load_sharded(self, path: Path, module_state: dict[str, Any]) -> None:
         """The module's ``module_state`` keys and every optimizer's state from the distributed checkpoint."""
@@ -170,3 +158,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             load(optimizer_state, checkpoint_id=path)
             options = StateDictOptions(cpu_offload=True)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optimizer_state[key], options=options)
+
+
+def _saved_module_keys(path: Path, sharded: bool) -> set[str] | None:
+    """The module state-dict keys a checkpoint holds, or None when ``path`` is no checkpoint (Lightning says so)."""
+    if sharded:
+        return {name.removeprefix("state_dict.") for name in read_metadata(path).state_dict_metadata}
+    if path.is_file():
+        return set(load_file(path, mmap=True).get("state_dict", {}))
+    return None
