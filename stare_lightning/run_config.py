@@ -23,6 +23,7 @@ from stare_lightning.config.targets import check_opt_ins, check_target_name, che
 from stare_lightning.data.config import DataConfig
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
 from stare_lightning.models.config import ModelConfig
+from stare_lightning.rollout.adapters import VLLM_RANKS
 from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.config import ForwardConfig
@@ -159,6 +160,11 @@ class RunConfig:
             raise ValueError(
                 f"model.lora.rank={self.model.lora.rank} needs a rollout backend that takes a LoRA policy's merged "
                 f"weights; rollout.backend={backend.name} does not"
+            )
+        if self.rollout.lora_sync == "adapter" and self.model.lora.rank > VLLM_RANKS[-1]:
+            raise ValueError(
+                f"rollout.lora_sync=adapter cannot serve model.lora.rank={self.model.lora.rank}: vLLM serves LoRA "
+                f"adapters up to rank {VLLM_RANKS[-1]}; use rollout.lora_sync=merged, or a smaller rank"
             )
         if self.tools.name != "none":
             if backend is not None and not backend.tool_episodes:

@@ -24,7 +24,7 @@ from stare_lightning.models.config import LoraConfig, ModelConfig
 from stare_lightning.models.lora import PEFT_PREFIX
 from tests.distributed import run_on_ranks
 from tests.needs import require
-from tests.test_fit import read_metrics, train_rows
+from tests.test_fit import read_metrics, run_cli, train_rows
 from tests.test_fsdp import _fit
 
 require("peft")
@@ -240,6 +240,12 @@ def test_sharded_lora_fit_resumes_and_exports_peft_merged_weights(tmp_path, mode
     step1 = tmp_path / "step1.ckpt"  # a name without "=", which Hydra's override grammar would need quoted
     (shutil.copytree if distributed else shutil.copy)(straight / "checkpoints" / "epoch=0-step=1.ckpt", step1)
     _fit([f"output_dir={resumed}", *overrides, f"ckpt_path={step1}"], model_cache, tmp_path)
+    # Resuming with fewer adapted modules would silently drop the checkpoint's other adapters: refused, named.
+    narrowed = [f"output_dir={tmp_path / 'narrowed'}", *overrides, "model.lora.target_modules=[q_proj]"]
+    proc = run_cli(["fit", *narrowed, f"ckpt_path={step1}"], model_cache, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode != 0 and "holds weights this run's model does not have" in out, out[-4000:]
+    assert "mlp.down_proj.lora_A." in out, out[-4000:]  # the first of them, sorted
 
     last = resumed / "checkpoints" / "last.ckpt"
     assert last.is_dir() == distributed, "a distributed checkpoint is a directory, the gathered one a file"

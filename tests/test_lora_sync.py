@@ -92,6 +92,18 @@ def test_adapter_weights_refuse_a_policy_without_adapters(tiny_dir):
         list(adapter_weights(AutoModelForCausalLM.from_pretrained(tiny_dir)))
 
 
+def test_adapter_weights_refuse_an_adapter_the_engine_would_not_serve(tiny_dir):
+    """peft adapts an embedding with lora_embedding_A/B, which a vLLM LoRA of linear layers leaves out: shipping the
+    rest would serve another policy than the trainer's."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    policy = apply_lora(base, LoraConfig(rank=RANK, target_modules=["embed_tokens", "q_proj"]))
+    assert any(".lora_embedding_A." in name for name, _ in policy.named_parameters())
+    with pytest.raises(ValueError, match="cannot serve .*lora_embedding_A"):
+        list(adapter_weights(policy))
+
+
 def test_the_kept_window_and_vllms_rank_buckets():
     loaded = LoadedAdapters(keep=2)
     assert loaded.current is None
@@ -110,6 +122,7 @@ def test_the_kept_window_and_vllms_rank_buckets():
         (["rollout.lora_sync=merged"], "does nothing without LoRA"),
         (["model.lora.rank=4", "rollout=hf", "rollout.lora_sync=adapter"], "does nothing with rollout.backend=hf"),
         (["model.lora.rank=4", "rollout.lora_sync=both"], "rollout.lora_sync"),
+        (["model.lora.rank=600", "rollout=vllm", "rollout.lora_sync=adapter"], "vLLM serves LoRA adapters up to rank"),
     ],
 )
 def test_lora_sync_settings_that_would_do_nothing_or_break_are_refused(tmp_path, overrides, message):
@@ -130,6 +143,8 @@ def test_adapter_mode_is_the_default_on_gpus_where_the_backend_serves_adapters()
     assert adapter_sync(RolloutConfig(backend="vllm", lora_sync="merged"), lora, vllm, on_gpu=True) is None
     assert adapter_sync(RolloutConfig(backend="hf"), lora, hf, on_gpu=True) is None
     assert adapter_sync(RolloutConfig(backend="vllm"), None, vllm, on_gpu=True) is None
+    # A rank above vLLM's largest LoRA rank: auto falls back to merged weights (adapter is refused at config time).
+    assert adapter_sync(RolloutConfig(backend="vllm"), LoraConfig(rank=600), vllm, on_gpu=True) is None
     # rollout.backend=auto resolved to HF (no vLLM): an explicit adapter mode cannot be honoured, and says so.
     with pytest.raises(ValueError, match="resolved to hf"):
         adapter_sync(RolloutConfig(backend="auto", lora_sync="adapter"), lora, hf)

@@ -259,6 +259,16 @@ def test_an_adapter_only_checkpoint_resumes_and_exports_from_its_base_and_refuse
     with pytest.raises(ValueError, match="adapters.ckpt holds LoRA adapters without their frozen base"):
         restore_frozen_base(resumed, fresh, "policy.", str(other), "adapters.ckpt")
 
+    # Fields a crafted checkpoint could bend are checked before they are used, and named.
+    checkpoint["hyper_parameters"]["model_dir"] = str(tiny_dir)
+    checkpoint["hyper_parameters"]["model"]["dtype"] = "load"  # a torch attribute, not a dtype
+    torch.save(checkpoint, tmp_path / "adapters.ckpt")
+    with pytest.raises(ValueError, match="hyper_parameters.model.dtype.*load"):
+        export_checkpoint(tmp_path / "adapters.ckpt", tmp_path / "hf3")
+    resumed["stare_lightning"] = {"frozen_base": {"model_dir": str(tiny_dir), "fingerprint": ["not", "a", "digest"]}}
+    with pytest.raises(ValueError, match="adapters.ckpt: stare_lightning.frozen_base must map model_dir and"):
+        restore_frozen_base(resumed, fresh, "policy.", str(tiny_dir), "adapters.ckpt")
+
 
 # ------------------------------------------------------------------------------------------- the config
 def test_lora_config_composes_from_the_command_line(tmp_path):

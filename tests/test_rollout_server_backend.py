@@ -631,5 +631,6 @@ def test_a_server_started_without_runtime_lora_is_named_with_the_fix(server, tmp
     from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 
     client = ServerClient(server[0], token=TOKEN, timeout=HTTP_TIMEOUT_S)
-    with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+    with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING") as info:
         client.load_adapter("policy-v1", str(tmp_path))
+    assert str(tmp_path) in str(info.value) and "HTTP 40" in str(info.value)  # the path and the server's answer

@@ -322,6 +322,7 @@ def test_engine_kwargs_are_checked_against_vllm_before_the_engine_starts(tiny_di
         ("enable_sleep_mode", "rollout.enable_sleep_mode"),
         ("tensor_parallel_size", "rollout.tensor_parallel_size"),
         ("logprobs_mode", "processed_logprobs"),
+        ("max_loras", "rollout.lora_sync"),
     ],
 )
 def test_engine_kwargs_refuse_what_the_project_sets(key, instead):

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from stare_lightning.models.config import LoraConfig
+from stare_lightning.config.checks import choice
+from stare_lightning.models.config import DTYPES, LoraConfig
 from stare_lightning.models.lora import as_wrapped, merge_adapters
 from stare_lightning.trainer.checkpoint_trust import (
     LIGHTNING_META_FILE,
@@ -50,6 +51,7 @@ def _with_frozen_base(weights: dict, checkpoint: dict, ckpt_path: Path, model_di
         return weights
     check_same_base(record, model_dir, ckpt_path)
     dtype = (checkpoint.get("hyper_parameters", {}).get("model") or {}).get("dtype", "float32")
+    choice(f"{ckpt_path}: hyper_parameters.model.dtype", dtype, DTYPES)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).state_dict()
     adapted = {name.split(".lora_A.")[0] for name in weights if ".lora_A." in name}
     return {**dict(as_wrapped(base.items(), adapted)), **weights}

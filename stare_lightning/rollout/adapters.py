@@ -98,6 +98,11 @@ def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         if ".lora_A." in name or ".lora_B." in name:
             found = True
             yield name.replace(marker, "."), full_tensor(param.detach())
+        elif ".lora_" in name:  # embedding adapters, DoRA magnitudes: the engine would serve another policy
+            raise ValueError(
+                f"rollout.lora_sync=adapter cannot serve {name}: only linear layers' lora_A/lora_B adapters are "
+                "served; adapt linear layers only (model.lora.target_modules) or use rollout.lora_sync=merged"
+            )
     if not found:
         raise ValueError("rollout.lora_sync=adapter needs a LoRA policy; this one has no adapters")
 

@@ -40,6 +40,10 @@ ENGINE_OWNED_KEYS = {
     "logprobs_mode": "the engine needs processed_logprobs (its log-probs must be the trainer's)",
     "distributed_executor_backend": "the engine sets it (external_launcher under several trainer ranks)",
     "skip_tokenizer_init": "the engine needs its tokenizer to return response texts",
+    **dict.fromkeys(
+        ("enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras"),
+        "set from model.lora and rollout.max_staleness when rollout.lora_sync serves adapters",
+    ),
 }
 # Shown when a key is unknown (those the installed vLLM has).
 COMMON_ENGINE_KEYS = (

@@ -78,10 +78,14 @@ def adapter_sync(
     cfg: RolloutConfig, lora: LoraConfig | None, backend: RolloutBackend, *, on_gpu: bool | None = None
 ) -> AdapterSync | None:
     """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
-    ``auto`` on a backend that serves no adapters, or without a GPU). ``on_gpu``: whether the engine runs on GPUs
-    (default: whether this process sees one)."""
+    ``auto`` on a backend that serves no adapters, without a GPU, or at a rank vLLM does not serve). ``on_gpu``:
+    whether the engine runs on GPUs (default: whether this process sees one)."""
+    from stare_lightning.rollout.adapters import VLLM_RANKS, AdapterSync
+
     if lora is None or cfg.lora_sync == "merged":
         return None
+    if cfg.lora_sync == "auto" and lora.rank > VLLM_RANKS[-1]:
+        return None  # above what vLLM serves as a LoRA (lora_sync=adapter is refused in RunConfig)
     if cfg.lora_sync == "auto" and not (torch.cuda.is_available() if on_gpu is None else on_gpu):
         # vLLM's LoRA kernels on a CPU are plain torch: SmolLM2 at rank 16 took 83 s a step against 28 s merged
         # (benchmarks/bench_lora.py), far more than the half second a merged sync costs. So auto means adapters on
@@ -94,8 +98,6 @@ def adapter_sync(
                 f"resolved to {backend.name}, which does not: use rollout=vllm or rollout=server, or lora_sync=merged"
             )
         return None
-    from stare_lightning.rollout.adapters import AdapterSync
-
     return AdapterSync.of(lora, max_staleness=cfg.max_staleness)
 
 

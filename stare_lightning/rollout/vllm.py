@@ -267,7 +267,11 @@ class VLLMRolloutEngine:
             weights = finite_weights(adapter_weights(model), f"the policy of adapter version {version}")
             files = write_adapter(self._adapter_dir, name, weights, self.adapters)
         request = LoRARequest(name, version, str(files.path))
-        self.llm.llm_engine.add_lora(request)
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except BaseException:
+            self._adapter_dir.delete(name)
+            raise
         for old, old_request in self._loaded.add(name, request):
             self.llm.llm_engine.remove_lora(old_request.lora_int_id)
             self._adapter_dir.delete(old)

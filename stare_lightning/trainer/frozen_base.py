@@ -77,9 +77,13 @@ def omit_frozen_base(checkpoint: dict, policy: torch.nn.Module, prefix: str, mod
 
 def check_same_base(record: Mapping, model_dir: str | Path, checkpoint: str | Path | None) -> None:
     """Refuse a checkpoint whose left-out base is not the model at ``model_dir`` (the fingerprints differ)."""
+    name = checkpoint or "the checkpoint"
+    if not isinstance(record, Mapping) or not all(isinstance(record.get(k), str) for k in ("model_dir", "fingerprint")):
+        raise ValueError(
+            f"{name}: {RUN_STATE}.{RECORD} must map model_dir and fingerprint to strings, not {record!r:.200}"
+        )
     if fingerprint(model_dir) == record["fingerprint"]:
         return
-    name = checkpoint or "the checkpoint"
     raise ValueError(
         f"{name} holds LoRA adapters without their frozen base, which was the model at {record['model_dir']}; "
         f"the model at {model_dir} is not that model (its weight files' fingerprint differs). Put the original "

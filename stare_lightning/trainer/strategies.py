@@ -26,6 +26,7 @@ checks that directory's fingerprint against the one the checkpoint recorded.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,14 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from stare_lightning.config.checks import choice, flag
-from stare_lightning.trainer.checkpoint_trust import LIGHTNING_META_FILE, load_file, read_metadata
-from stare_lightning.trainer.frozen_base import frozen_keys
+from stare_lightning.trainer.checkpoint_trust import (
+    LIGHTNING_META_FILE,
+    DataOnlyLoadPlanner,
+    DataOnlyReader,
+    load_file,
+    read_metadata,
+)
+from stare_lightning.trainer.frozen_base import RECORD, RUN_STATE, frozen_keys
 
 _DTYPES = ("float32", "bfloat16", "float16")
 # NCCL for the GPU collectives, gloo for those on offloaded (host) tensors.
@@ -122,17 +129,18 @@ class FSDP2Strategy(ModelParallelStrategy):
 
         path = Path(self.broadcast(checkpoint_path))
         sharded = (path / LIGHTNING_META_FILE).is_file()
-        saved = _saved_module_keys(path, sharded)
-        module_state = get_model_state_dict(self.model) if saved is not None else {}
-        absent = set(module_state) - (saved or set())
+        saved = _saved_contents(path, sharded)
+        if saved is None:  # not a checkpoint: Lightning's load says so
+            return super().load_checkpoint(path, weights_only=weights_only)
+        saved_keys, run_meta = saved
+        module_state = get_model_state_dict(self.model)
+        absent = _absent_frozen_keys(path, saved_keys, module_state.keys(), frozen_keys(self.model))
         if not absent:
             return super().load_checkpoint(path, weights_only=weights_only)
-        trained = sorted(absent - set(frozen_keys(self.model)))
-        if trained:
-            raise ValueError(f"{path} lacks trained weights: {trained[:5]}{' ...' if len(trained) > 5 else ''}")
+        _require_base_record(path, run_meta)
         if sharded:
             self._load_sharded(path, {key: value for key, value in module_state.items() if key not in absent})
-            return load_file(path / LIGHTNING_META_FILE)  # the rest, as data only (trainer/checkpoint_trust.py)
+            return run_meta
         # One file: Lightning's load skips the keys a file lacks when not strict; the frozen ones are all it lacks.
         module = self.lightning_module
         strict, module.strict_loading = module.strict_loading, False
@@ -150,20 +158,55 @@ class FSDP2Strategy(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        load({"state_dict": module_state}, checkpoint_id=path)
+        load({"state_dict": module_state}, storage_reader=DataOnlyReader(path), planner=DataOnlyLoadPlanner())
         self.model.load_state_dict(module_state, strict=False)
         for index, optimizer in enumerate(self.optimizers):
             key = f"optimizer_{index}"
             optimizer_state = {key: get_optimizer_state_dict(self.model, optimizer)}
-            load(optimizer_state, checkpoint_id=path)
+            load(optimizer_state, storage_reader=DataOnlyReader(path), planner=DataOnlyLoadPlanner())
             options = StateDictOptions(cpu_offload=True)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optimizer_state[key], options=options)
 
 
-def _saved_module_keys(path: Path, sharded: bool) -> set[str] | None:
-    """The module state-dict keys a checkpoint holds, or None when ``path`` is no checkpoint (Lightning says so)."""
+def _saved_contents(path: Path, sharded: bool) -> tuple[set[str], dict[str, Any]] | None:
+    """The module state-dict keys a checkpoint holds and its non-tensor state (a distributed checkpoint's
+    ``meta.pt``, a file's whole content, read as data only: trainer/checkpoint_trust.py); None when ``path`` is no
+    checkpoint."""
     if sharded:
-        return {name.removeprefix("state_dict.") for name in read_metadata(path).state_dict_metadata}
+        names = read_metadata(path).state_dict_metadata
+        keys = {name.removeprefix("state_dict.") for name in names if name.startswith("state_dict.")}
+        return keys, load_file(path / LIGHTNING_META_FILE)
     if path.is_file():
-        return set(load_file(path, mmap=True).get("state_dict", {}))
+        whole = load_file(path, mmap=True)
+        return set(whole.get("state_dict", {})), whole
     return None
+
+
+def _absent_frozen_keys(path: Path, saved: set[str], module_keys: Iterable[str], frozen: Iterable[str]) -> set[str]:
+    """The module's keys the checkpoint lacks, refused unless all are frozen; a key the module lacks is refused too
+    (a non-strict load would drop it: e.g. the adapters of a module no longer in ``model.lora.target_modules``)."""
+    module_keys = set(module_keys)
+    unexpected = sorted(saved - module_keys)
+    if unexpected:
+        raise ValueError(
+            f"{path} holds weights this run's model does not have: {_some(unexpected)}. Resume with the model "
+            "settings it was written with (model.name_or_path, model.lora)"
+        )
+    absent = module_keys - saved
+    trained = sorted(absent - set(frozen))
+    if trained:
+        raise ValueError(f"{path} lacks trained weights: {_some(trained)}")
+    return absent
+
+
+def _require_base_record(path: Path, checkpoint: dict[str, Any]) -> None:
+    """A checkpoint without the frozen base must say which base it left out (trainer/frozen_base.py)."""
+    if (checkpoint.get(RUN_STATE) or {}).get(RECORD) is None:
+        raise ValueError(
+            f"{path} lacks the model's frozen weights but does not record the base model it left out "
+            f"({RUN_STATE}.{RECORD}), so nothing says which weights its adapters belong to"
+        )
+
+
+def _some(keys: list[str]) -> str:
+    return f"{keys[:5]}{' ...' if len(keys) > 5 else ''}"

@@ -140,11 +140,14 @@ class ServerClient:
         try:
             self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, answer_json=False)
         except RolloutServerError as error:
-            if error.status in (404, 405):  # the route is absent: the server was started without runtime LoRA
+            if error.status in (404, 405):
+                # vLLM answers 404 both without the route (no runtime LoRA) and when it cannot read the adapter.
                 raise RolloutServerError(
-                    f"rollout server {self.url} cannot load LoRA adapters: start it with --enable-lora "
-                    "--max-lora-rank R --max-loras K+1 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment "
-                    "(`python -m stare_lightning serve model.lora.rank=R` does), or set rollout.lora_sync=merged",
+                    f"rollout server {self.url} did not load the adapter in {path} ({error}). Either it was started "
+                    "without runtime LoRA (start it with --enable-lora --max-lora-rank R --max-loras K+1 and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment, as `python -m stare_lightning serve "
+                    "model.lora.rank=R` does, or set rollout.lora_sync=merged), or it cannot read that directory "
+                    "(rollout.server.transfer_dir must be a directory the servers' user can read, on their host)",
                     status=error.status,
                 ) from None
             raise

@@ -120,7 +120,8 @@ class TransferDirectory(ChunkDirectory):
     ``default_base()``) once the base is checked. ``remove`` deletes it."""
 
     def __init__(self, under: str | Path | None = None) -> None:
-        base = Path(under) if under is not None else default_base()
+        # Absolute: the servers get paths inside it and would resolve a relative one against their own directory.
+        base = Path(under).absolute() if under is not None else default_base()
         base_fd = _open_directory(base)
         try:
             _check_base(base, os.fstat(base_fd))
