@@ -151,7 +151,7 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
     "lora_study.ipynb": (
         "data/lora_study",
         ["probe_1e-4_seed0", "probe_2e-5_seed0"]
-        + [f"{arm}_seed{seed}" for arm in ("grpo_ds_lora", "stare_o1_lora") for seed in (0, 1)],
+        + [f"{arm}_seed{seed}" for arm in ("grpo_ds_lora", "stare_o1_lora") for seed in (0, 1, 2)],
         2,
     ),
     "offline_tradeoff.ipynb": (
