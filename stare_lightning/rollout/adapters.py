@@ -29,13 +29,12 @@ import torch
 
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import ADAPTER, PEFT_PREFIX
+from stare_lightning.rollout.config import VLLM_RANKS
 from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
 from stare_lightning.rollout.weights import checkpoint_name, full_tensor
 
 __all__ = ["AdapterSync", "LoadedAdapters", "adapter_weights", "write_adapter"]
 
-# The ranks vLLM sizes its LoRA buffers for (``--max-lora-rank``); an adapter of a smaller rank fits the next one.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 
 

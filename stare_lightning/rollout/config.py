@@ -29,6 +29,8 @@ UNIX_HOST = "unix"
 LOCAL_HOSTS = (UNIX_HOST, *LOOPBACK_HOSTS)
 DEFAULT_MAX_TURNS = 4  # tool calls answered per episode when rollout.max_turns is null
 # vllm.LLM arguments the project sets itself, and where each comes from.
+# The ranks vLLM sizes its LoRA buffers for (``--max-lora-rank``); an adapter of a smaller rank fits the next one.
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ENGINE_OWNED_KEYS = {
     "model": "use model.name_or_path",
     "tokenizer": "the tokenizer is the model's: use model.name_or_path",

@@ -11,7 +11,7 @@ import torch
 
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext, RolloutBackend
-from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.config import VLLM_RANKS, RolloutConfig
 
 if TYPE_CHECKING:
     from stare_lightning.rollout.adapters import AdapterSync
@@ -80,7 +80,7 @@ def adapter_sync(
     """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
     ``auto`` on a backend that serves no adapters, without a GPU, or at a rank vLLM does not serve). ``on_gpu``:
     whether the engine runs on GPUs (default: whether this process sees one)."""
-    from stare_lightning.rollout.adapters import VLLM_RANKS, AdapterSync
+    from stare_lightning.rollout.adapters import AdapterSync
 
     if lora is None or cfg.lora_sync == "merged":
         return None
