@@ -22,9 +22,9 @@ from stare_lightning.config.checks import flag, number
 from stare_lightning.config.targets import check_opt_ins, check_target_name, check_targets
 from stare_lightning.data.config import DataConfig
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
-from stare_lightning.models.config import ModelConfig
+from stare_lightning.models.config import VLLM_RANKS, ModelConfig
 from stare_lightning.rollout.backends import declared_backend
-from stare_lightning.rollout.config import VLLM_RANKS, RolloutConfig
+from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.tools.config import ToolsConfig
 from stare_lightning.trainer.config import OptimConfig

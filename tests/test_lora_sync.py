@@ -223,8 +223,16 @@ def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logpro
             engine.generate(PROMPTS, PARAMS, seeds=[3, 4])
         assert engine._transfer_dir.names() == ["test-v2", "test-v3"]
         assert engine.last_sync_bytes == sum(t.numel() * t.element_size() for _, t in adapter_weights(policies[3]))
+        assert {"test-v2", "test-v3"} <= _served(client)
     finally:
         engine.close()
+    # The server outlives the run (it did not launch it): the run's adapters are gone from it with their files.
+    assert not {name for name in _served(client) if name.startswith("test-")}
+
+
+def _served(client) -> set[str]:
+    """The model names a vLLM server serves: its base model and the adapters loaded on it."""
+    return {model["id"] for model in client._request("GET", "/v1/models")["data"]}
 
 
 def test_adapter_names_keep_the_producers_versions():

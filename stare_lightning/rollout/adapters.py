@@ -9,8 +9,11 @@ Files. vLLM loads an adapter from a directory in peft's format: ``adapter_config
 version is written into a sub-directory of its own in a private transfer directory (``transfer_dir.py``: mode
 0700, every file created through a descriptor), loaded under a new name, and deleted once no longer served.
 
-Versions. ``rollout.max_staleness + 1`` versions stay loaded (vLLM's ``max_loras``), so a request keeps the
-version it was sent with while newer ones arrive; older ones are unloaded before their files go.
+Versions. ``rollout.max_staleness + 1`` versions stay loaded (vLLM's ``max_loras``); older ones are unloaded before
+their files go, and a run's last versions when it ends, from servers it did not launch. This project's producer
+pushes between batches only (``step/producer.py``), so no request is in flight across a push and one version would
+do; the window costs K adapters (a few MB each) and keeps a request's adapter loaded should a push ever come while
+it runs, where vLLM's LRU would otherwise evict the version the request named.
 
 Numerics: vLLM adds ``scaling * B (A x)`` to the base layer's output where the merged mode folds ``scaling * B A``
 into ``W``; the same function up to rounding, and the log-prob canary compares the served log-probs with the
@@ -27,9 +30,8 @@ from typing import Any
 
 import torch
 
-from stare_lightning.models.config import LoraConfig
+from stare_lightning.models.config import VLLM_RANKS, LoraConfig
 from stare_lightning.models.lora import ADAPTER, PEFT_PREFIX
-from stare_lightning.rollout.config import VLLM_RANKS
 from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
 from stare_lightning.rollout.weights import checkpoint_name, full_tensor
 

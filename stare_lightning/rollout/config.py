@@ -29,8 +29,6 @@ UNIX_HOST = "unix"
 LOCAL_HOSTS = (UNIX_HOST, *LOOPBACK_HOSTS)
 DEFAULT_MAX_TURNS = 4  # tool calls answered per episode when rollout.max_turns is null
 # vllm.LLM arguments the project sets itself, and where each comes from.
-# The ranks vLLM sizes its LoRA buffers for (``--max-lora-rank``); an adapter of a smaller rank fits the next one.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ENGINE_OWNED_KEYS = {
     "model": "use model.name_or_path",
     "tokenizer": "the tokenizer is the model's: use model.name_or_path",
@@ -201,7 +199,8 @@ class RolloutConfig:
     lora_sync: str = "auto"
     """With `model.lora`: what each weight sync sends the engine. `adapter`: the adapters only, served as a vLLM LoRA
     over the base; `merged`: the whole model with the adapters folded in; `auto`: adapter on GPUs where the backend
-    serves adapters (vllm, server), merged on a CPU (vLLM's CPU LoRA kernels are slow)."""
+    serves adapters (vllm, server) and the rank is one vLLM serves (up to 512), merged otherwise (on a CPU too:
+    vLLM's CPU LoRA kernels are slow)."""
 
     def __post_init__(self) -> None:
         p = "rollout."

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lightning.models.config import LoraConfig
+from stare_lightning.models.config import VLLM_RANKS, LoraConfig
 from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext, RolloutBackend
-from stare_lightning.rollout.config import VLLM_RANKS, RolloutConfig
+from stare_lightning.rollout.config import RolloutConfig
 
 if TYPE_CHECKING:
     from stare_lightning.rollout.adapters import AdapterSync

@@ -152,8 +152,8 @@ class ServerClient:
                 ) from None
             raise
 
-    def unload_adapter(self, name: str) -> None:
-        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, answer_json=False)
+    def unload_adapter(self, name: str, timeout: float | None = None) -> None:
+        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=timeout, answer_json=False)
 
     def push(self, chunks: Iterable[dict], version: str) -> None:
         self.begin_push()

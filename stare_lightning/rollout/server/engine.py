@@ -21,6 +21,7 @@ gathered, so it reaches no server.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,10 @@ def sampling_request(params: SamplingParams, seed: int | None, budget: int) -> d
         "stop": list(params.stop) or None,
         "include_stop_str_in_output": True,
     }
+
+
+# Seconds one server may take to unload an adapter at the end of a run, before the run stops waiting for it.
+UNLOAD_TIMEOUT_S = 5.0
 
 
 class ServerRolloutEngine:
@@ -219,6 +224,16 @@ class ServerRolloutEngine:
             directory.delete(old)
         return version
 
+    def _unload_adapters(self) -> None:
+        """Servers this run did not launch outlive it: take its adapter versions off them, whose files are about to
+        go. Best effort, a few seconds a call: a server that is gone or stuck keeps them (vLLM's LRU bounds them)."""
+        if self.launched is not None or self._loaded is None:
+            return
+        for name in self._loaded.names:
+            for client in self.clients:
+                with contextlib.suppress(RolloutServerError, OSError):
+                    client.unload_adapter(name, timeout=UNLOAD_TIMEOUT_S)
+
     def _adapter_name(self, version: str | None) -> str | None:
         """The served adapter of ``version`` (None with merged weights or before the first push)."""
         return None if self.adapters is None or version is None else f"{self.run_tag}-{version}"
@@ -258,6 +273,7 @@ class ServerRolloutEngine:
         pass
 
     def close(self) -> None:
+        self._unload_adapters()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._transfer_dir is not None:
             self._transfer_dir.remove()
