@@ -11,6 +11,8 @@ Steps, each a child process with its own time limit, each reported whether or no
   fit_fsdp_fp16  trainer=fsdp_fp16: fp16 compute with the dynamic loss scale (skipped steps and last scale reported)
   performance    update tokens/s, MFU and peak memory of a Qwen2.5-1.5B-shaped model, HF generation tokens/s
                  (scripts/gpu_check_perf.py)
+  fit_fsdp_lora  trainer=fsdp in bf16 with rank-8 LoRA adapters and a KL term whose reference is the policy with its
+                 adapters off (no second model); last, so that a short loan loses it before the performance figures
 Results go to OUT/gpu_check.json and a short OUT/gpu_check.md; each step's output to OUT/logs/<step>.log.
 
 With --cpu-dry-run every step runs on the CPU at tiny sizes (seconds), so the check is exercised by the test suite;
@@ -30,16 +32,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Step name -> time limit on a GPU, in seconds: 470 s if every step ran to its limit, under the 8 minutes a check
-# may take so that a rerun fits a 15-minute loan.
+# Step name -> time limit on a GPU, in seconds: 500 s if every step ran to its limit, about the 8 minutes a check may
+# take so that a rerun fits a 15-minute loan (the fits after the first reuse its cold start and take far less).
 STEPS = {
     "environment": 30,
     "correctness": 60,
     "fit_gpu": 70,
     "fit_fsdp_bf16": 70,
     "resume": 50,
-    "fit_fsdp_fp16": 70,
+    "fit_fsdp_fp16": 60,
     "performance": 120,
+    "fit_fsdp_lora": 40,
 }
 DRY_RUN_LIMIT_S = 120
 FIT = ["debug=fast", "rollout=hf", "validation.before_fit=false", "trainer.max_steps=3", "summary=false",
@@ -54,6 +57,7 @@ METRIC_COLUMNS = {
     "peak_gib": "train/memory/peak_gib",
     "nonfinite_skipped": "train/nonfinite_skipped",
     "loss_scale": "train/loss_scale",
+    "kl": "train/kl",
 }
 
 
@@ -67,13 +71,15 @@ def fit_overrides(step: str, dry_run: bool) -> list[str] | None:
         "fit_fsdp_bf16": [*fsdp, "trainer.max_steps=2", *LEVERS],
         "resume": [*fsdp, "trainer.max_steps=3", "ckpt_path=last", *LEVERS],
         "fit_fsdp_fp16": None if dry_run else ["trainer=fsdp_fp16", "trainer.devices=1", *device, *cold_start],
+        "fit_fsdp_lora": [*fsdp, "trainer.max_steps=2", "model.lora.rank=8", "algorithm.kl.coef=0.05"],
     }[step]
 
 
 def _metrics(run_dir: Path) -> dict:
     rows = [r for r in csv.DictReader(open(run_dir / "logs" / "metrics.csv")) if r.get("train/loss")]
     last = {name: float(rows[-1][column]) for name, column in METRIC_COLUMNS.items() if rows and rows[-1].get(column)}
-    return {"steps_logged": [int(r["step"]) for r in rows], "last": last}
+    kl = [float(r["train/kl"]) for r in rows if r.get("train/kl")]  # with a KL term: 0 while the policy is the base
+    return {"steps_logged": [int(r["step"]) for r in rows], "last": last, **({"kl_by_step": kl} if kl else {})}
 
 
 def run_fit(step: str, out: Path, dry_run: bool) -> dict:

@@ -40,8 +40,9 @@ def _correctness(results: dict) -> list[str]:
 
 
 def _fits(report: dict) -> list[str]:
-    lines = ["", "| fit | steps logged | wall s | last loss | step s | peak GiB | skipped (non-finite) | loss scale |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    columns = ["fit", "steps logged", "wall s", "last loss", "step s", "peak GiB", "skipped (non-finite)", "loss scale",
+               "KL by step"]  # fmt: skip
+    lines = ["", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
     for name, step in report["steps"].items():
         results = step.get("results") or {}
         if "steps_logged" not in results:
@@ -50,7 +51,8 @@ def _fits(report: dict) -> list[str]:
         lines.append(
             f"| {name} | {results['steps_logged']} | {results['wall_s']:.0f} | {_number(last.get('loss'))} "
             f"| {_number(last.get('step_s'))} | {_number(last.get('peak_gib'))} "
-            f"| {_number(last.get('nonfinite_skipped'))} | {_number(last.get('loss_scale'))} |"
+            f"| {_number(last.get('nonfinite_skipped'))} | {_number(last.get('loss_scale'))} "
+            f"| {', '.join(_number(value) for value in results.get('kl_by_step', [])) or '-'} |"
         )
     return lines
 

@@ -36,7 +36,7 @@ def test_cpu_dry_run_runs_every_step_and_reports_it(tmp_path, model_cache):
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     steps = report["steps"]
     assert report["dry_run"] and list(steps) == ["environment", "correctness", "fit_gpu", "fit_fsdp_bf16", "resume",
-                                                 "fit_fsdp_fp16", "performance"]  # fmt: skip
+                                                 "fit_fsdp_fp16", "performance", "fit_fsdp_lora"]  # fmt: skip
     assert {name: s["status"] for name, s in steps.items() if s["status"] != "ok"} == {"fit_fsdp_fp16": "skipped"}
 
     correctness = steps["correctness"]["results"]
@@ -52,6 +52,9 @@ def test_cpu_dry_run_runs_every_step_and_reports_it(tmp_path, model_cache):
         steps["fit_fsdp_bf16"]["results"]["steps_logged"] == [0, 1] and steps["fit_fsdp_bf16"]["results"]["checkpoint"]
     )
     assert steps["resume"]["results"]["steps_logged"] == [0, 1, 2]  # the checkpoint's two steps, then one more
+    lora = steps["fit_fsdp_lora"]["results"]
+    # The KL reference is the policy with its adapters off: at step 0 (B = 0) the two are one model.
+    assert lora["steps_logged"] == [0, 1] and len(lora["kl_by_step"]) == 2 and abs(lora["kl_by_step"][0]) < 1e-6
 
     performance = steps["performance"]["results"]
     settings = {(u["response_tokens"], u["fused_lm_head"], u["gradient_checkpointing"]) for u in performance["updates"]}
