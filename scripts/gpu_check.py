@@ -57,7 +57,6 @@ METRIC_COLUMNS = {
     "peak_gib": "train/memory/peak_gib",
     "nonfinite_skipped": "train/nonfinite_skipped",
     "loss_scale": "train/loss_scale",
-    "kl": "train/kl",
 }
 
 

@@ -23,7 +23,7 @@ from stare_lightning.trainer.checkpoint_trust import (
     read_metadata,
     vet_checkpoint,
 )
-from stare_lightning.trainer.frozen_base import POLICY_PREFIX, RECORD, RUN_STATE, check_same_base
+from stare_lightning.trainer.frozen_base import POLICY_PREFIX, check_same_base, recorded_base
 
 # Where a distributed checkpoint keeps the module's weights: Lightning's Trainer saves them under "state_dict",
 # Fabric under "model".
@@ -46,7 +46,7 @@ def _load_checkpoint(path: Path) -> dict:
 def _with_frozen_base(weights: dict, checkpoint: dict, ckpt_path: Path, model_dir: str) -> dict:
     """The policy's weights with the frozen base an adapter-only checkpoint left out, read from ``model_dir``
     in the run's dtype and named as the peft-wrapped policy names them; a checkpoint holding its base as it is."""
-    record = (checkpoint.get(RUN_STATE) or {}).get(RECORD)
+    record = recorded_base(checkpoint)
     if record is None:
         return weights
     check_same_base(record, model_dir, ckpt_path)

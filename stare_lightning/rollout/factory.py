@@ -80,8 +80,6 @@ def adapter_sync(
     """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
     ``auto`` on a backend that serves no adapters, without a GPU, or at a rank vLLM does not serve). ``on_gpu``:
     whether the engine runs on GPUs (default: whether this process sees one)."""
-    from stare_lightning.rollout.adapters import AdapterSync
-
     if lora is None or cfg.lora_sync == "merged":
         return None
     if cfg.lora_sync == "auto" and lora.rank > VLLM_RANKS[-1]:
@@ -98,6 +96,8 @@ def adapter_sync(
                 f"resolved to {backend.name}, which does not: use rollout=vllm or rollout=server, or lora_sync=merged"
             )
         return None
+    from stare_lightning.rollout.adapters import AdapterSync
+
     return AdapterSync.of(lora, max_staleness=cfg.max_staleness)
 
 

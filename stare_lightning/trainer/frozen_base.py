@@ -75,6 +75,11 @@ def omit_frozen_base(checkpoint: dict, policy: torch.nn.Module, prefix: str, mod
     checkpoint.setdefault(RUN_STATE, {})[RECORD] = record
 
 
+def recorded_base(checkpoint: Mapping) -> Mapping | None:
+    """The base an adapter-only checkpoint left out (``omit_frozen_base``'s record), or None for one that holds it."""
+    return (checkpoint.get(RUN_STATE) or {}).get(RECORD)
+
+
 def check_same_base(record: Mapping, model_dir: str | Path, checkpoint: str | Path | None) -> None:
     """Refuse a checkpoint whose left-out base is not the model at ``model_dir`` (the fingerprints differ)."""
     name = checkpoint or "the checkpoint"
@@ -99,7 +104,7 @@ def restore_frozen_base(
 
     A sharded checkpoint arrives without ``state_dict``: ``FSDP2Strategy`` has loaded what it holds already.
     """
-    record = (checkpoint.get(RUN_STATE) or {}).get(RECORD)
+    record = recorded_base(checkpoint)
     if record is None:
         return
     check_same_base(record, model_dir, path)

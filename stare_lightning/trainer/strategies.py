@@ -41,7 +41,7 @@ from stare_lightning.trainer.checkpoint_trust import (
     load_file,
     read_metadata,
 )
-from stare_lightning.trainer.frozen_base import RECORD, RUN_STATE, frozen_keys
+from stare_lightning.trainer.frozen_base import RECORD, RUN_STATE, frozen_keys, recorded_base
 
 _DTYPES = ("float32", "bfloat16", "float16")
 # NCCL for the GPU collectives, gloo for those on offloaded (host) tensors.
@@ -201,7 +201,7 @@ def _absent_frozen_keys(path: Path, saved: set[str], module_keys: Iterable[str],
 
 def _require_base_record(path: Path, checkpoint: dict[str, Any]) -> None:
     """A checkpoint without the frozen base must say which base it left out (trainer/frozen_base.py)."""
-    if (checkpoint.get(RUN_STATE) or {}).get(RECORD) is None:
+    if recorded_base(checkpoint) is None:
         raise ValueError(
             f"{path} lacks the model's frozen weights but does not record the base model it left out "
             f"({RUN_STATE}.{RECORD}), so nothing says which weights its adapters belong to"
