@@ -20,7 +20,8 @@ import pytest
 from stare_lightning.rollout.config import ServerConfig
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.connect import connect_servers
-from tests.test_fit import CANARY_BOUND, read_metrics, run_cli, train_rows, wait_for_checkpoint
+from tests.cluster import slurm_cluster
+from tests.test_fit import CANARY_BOUND, REPO, read_metrics, run_cli, train_rows, wait_for_checkpoint
 from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -53,6 +54,34 @@ def test_a_server_fit_takes_the_colocated_fits_steps(colocated, tmp_path, model_
             r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in train_rows(read_metrics(fit)).values()
         )
     assert list((run / "servers").glob("server-*.log"))  # the launched server's log is in the run directory
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with slurm_cluster("stclsrv", "10.215.0", nodes=3) as nodes:
+        yield nodes
+
+
+@SHARES_THE_REFERENCE
+def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(colocated, cluster, model_cache):
+    """``sbatch scripts/slurm_servers.sh`` on CPU nodes of a real scheduler: ``serve`` on node1, a two-node FSDP2
+    trainer on node2 and node3 whose ranks meet at node2 (its step's first node, not the job's), reaching the server
+    over the cluster network; the colocated engine's samples and steps."""
+    cluster.copy_models(model_cache)
+    run = cluster.shared / "servers"
+    script = str(REPO / "scripts" / "slurm_servers.sh")
+    overrides = [arg for arg in SHARDED if arg != "rollout=hf"]  # the script sets rollout=server
+    job = cluster.sbatch(
+        "--nodes=3", "--gpus-per-node=0", script, *overrides, *DUMP, cwd=cluster.shared, env={"OUTPUT_DIR": str(run)}
+    )
+    assert job.state == "COMPLETED" and job.nodes == "node[1-3]", job.output[-4000:]
+    _assert_same_steps(colocated, run)
+    # Rank 0 dumps its own half of each step's groups: every one is the colocated engine's, token for token.
+    ours, theirs = _samples(run), _samples(colocated)
+    assert len(ours) == len(theirs) // 2 and all(group in theirs for group in ours)
+    rows = train_rows(read_metrics(run)).values()
+    assert all(row["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for row in rows)
+    assert list((run / "rollout" / "node1" / "servers").glob("server-*.log"))  # the server ran on node1
 
 
 # Samples up to two versions old, and a validation after step 2 (the producer drains, the servers get the current
