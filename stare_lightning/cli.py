@@ -55,6 +55,10 @@ def usage() -> str:
     if plain:
         lines.append("       python -m stare_lightning {" + ",".join(plain) + "} [arguments ...] (see --help)")
     lines += [f"  {name:<{width}}  {help_line}" for name, (_, help_line) in SUBCOMMANDS.items()]
+    lines.append(
+        "python -m stare_lightning fit --help: the config groups and their options, and the keys changed most, with "
+        "their meanings and allowed values"
+    )
     return "\n".join(lines)
 
 
