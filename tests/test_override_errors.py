@@ -69,6 +69,12 @@ def test_each_mistake_is_told_in_the_projects_words_and_the_accepted_spelling_pa
     assert refused(["sed=3"]).startswith(
         "sed is neither a config group nor a key (override 'sed=3'): did you mean seed?"
     )
+    assert refused(["+algoritm=grpo_ds"]).startswith(
+        "algoritm is neither a config group nor a key (override '+algoritm"
+    )
+    assert refused(["data.val_sets=[{name: a, nn: 1}]"]) == (
+        "nn is not a key of a ValSetConfig entry (override 'data.val_sets=[{name: a, nn: 1}]'): did you mean n?"
+    )  # OmegaConf names a list entry's key alone: the entry's type and the override that holds it say where
     assert refused(["seed=abc"]) == "seed takes an integer, not 'abc' (override 'seed=abc')"
     assert (
         refused(["model.lora.rank=1.5"]) == "model.lora.rank takes an integer, not 1.5 (override 'model.lora.rank=1.5')"
@@ -87,6 +93,8 @@ def test_each_mistake_is_told_in_the_projects_words_and_the_accepted_spelling_pa
         ["+trainer.detect_anomaly=true"],
         ["trainer=fsdp", "trainer.strategy.cpu_offload=true"],
         ["rollout.max_turns=null"],
+        ["data.val_sets=[{name: a, n: 1}]"],
+        ["+data.task_kwargs.size=3", "+rollout.engine_kwargs.max_num_seqs=4"],  # free mappings take new keys
     ):
         cli.check_what_hydra_will_build(accepted)
 

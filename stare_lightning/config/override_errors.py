@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -118,9 +119,21 @@ def _unknown_key(full_key: str, where: str, known: list[str], groups: list[str])
     return ValueError(message)
 
 
+def _extra_fields(node: DictConfig) -> list[str]:
+    """The keys of ``node`` that its schema dataclass has no field for (none where it has no dataclass)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    fields = {field.name for field in dataclasses.fields(schema)}
+    return [str(key) for key in node.keys() if key not in fields and key != "hydra"]
+
+
 def unknown_schema_key(cfg: DictConfig, prefix: str = "") -> str | None:
     """The first key of ``cfg`` that sits in a group of the typed schema without being one of its fields (a key
     added with ``+``, which composition lets through and the run's schema refuses later), or None."""
+    extra = _extra_fields(cfg) if not prefix else []
+    if extra:
+        return extra[0]
     for key in cfg.keys():
         if not prefix and key == "hydra":  # Hydra's own node: not the run's schema
             continue
@@ -128,12 +141,9 @@ def unknown_schema_key(cfg: DictConfig, prefix: str = "") -> str | None:
         if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
             continue
         full_key = f"{prefix}{key}"
-        schema = OmegaConf.get_type(node)
-        if dataclasses.is_dataclass(schema):
-            fields = {field.name for field in dataclasses.fields(schema)}
-            extra = [str(k) for k in node.keys() if k not in fields]
-            if extra:
-                return f"{full_key}.{extra[0]}"
+        extra = _extra_fields(node)
+        if extra:
+            return f"{full_key}.{extra[0]}"
         found = unknown_schema_key(node, f"{full_key}.")
         if found:
             return found
@@ -168,5 +178,19 @@ def in_our_words(
         override = _override_of(full_key, overrides)
         return _wrong_type(cause, f"override {override!r}" if override else "set in a config file")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        entry = getattr(cause, "object_type", None)
+        if _override_of(full_key, overrides) is None and dataclasses.is_dataclass(entry) and "." not in full_key:
+            return _unknown_entry_key(full_key, entry, overrides)
         return unknown_key_error(full_key, overrides, compose, groups)
     return None
+
+
+def _unknown_entry_key(key: str, entry: type, overrides: Sequence[str]) -> ValueError:
+    """An unknown key inside a list's entry (``data.val_sets=[{name: a, nn: 1}]``): OmegaConf names the key alone,
+    so the entry's type and the override that mentions the key say where."""
+    fields = [field.name for field in dataclasses.fields(entry)]
+    override = next((o for o in overrides if re.search(rf"\b{re.escape(key)}\s*:", o)), None)
+    where = f"override {override!r}" if override else "set in a config file"
+    close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+    known = f"did you mean {' or '.join(close)}?" if close else f"its keys are {', '.join(fields)}"
+    return ValueError(f"{key} is not a key of a {entry.__name__} entry ({where}): {known}")
