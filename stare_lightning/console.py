@@ -132,12 +132,16 @@ def long_preparation(tag: str, what: str, *, expected: str, cached_in: str | os.
     how long it takes and where its result is cached; then a line every ``PROGRESS_EVERY_S`` seconds while it runs,
     and one when it is done. The lines reach the terminal even while ``native_output_to_log`` diverts it."""
     print(f"[{tag}] {what}: {expected}; cached in {cached_in}, so it runs once", flush=True)
-    terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    try:  # the terminal itself, which native_output_to_log does not divert
+        terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (a notebook): write to it as it is
+        terminal = None
     started, done = time.perf_counter(), threading.Event()
 
     def beat() -> None:
         while not done.wait(PROGRESS_EVERY_S):
-            print(f"[{tag}] still preparing ({minutes(time.perf_counter() - started)} so far)", file=terminal)
+            line = f"[{tag}] still preparing ({minutes(time.perf_counter() - started)} so far)"
+            print(line, file=terminal or sys.stdout, flush=True)
 
     thread = threading.Thread(target=beat, name=f"{tag} progress", daemon=True)
     thread.start()
@@ -146,5 +150,6 @@ def long_preparation(tag: str, what: str, *, expected: str, cached_in: str | os.
     finally:
         done.set()
         thread.join()
-        terminal.close()
+        if terminal is not None:
+            terminal.close()
     print(f"[{tag}] ready in {minutes(time.perf_counter() - started)}", flush=True)

@@ -52,3 +52,11 @@ def test_the_expected_duration_counts_the_tokens_of_the_examples():
     examples = [("ab", "c"), ("abcd", "e")]  # 5 and 7 tokens with BOS and EOS: 6 on average
     assert expected_seconds(examples, steps=10, batch_size=4) == 10 * 4 * 6 / TOKENS_PER_SECOND
     assert console.minutes(40) == "40 s" and console.minutes(180) == "3 min" and console.minutes(3900) == "1 h 5 min"
+
+
+def test_a_stdout_without_a_descriptor_gets_the_lines_itself(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(console, "PROGRESS_EVERY_S", 0.05)
+    with console.long_preparation("model", "converting X", expected="about 1 s", cached_in=tmp_path):
+        time.sleep(0.2)  # capsys's stdout has no file descriptor, as a notebook's
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[model] converting X") and any("still preparing" in line for line in lines)
