@@ -72,7 +72,7 @@ test-fast: lint
 	$(WITH_ALLOCATOR) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task over SEEDS, then
-# mean +- sd per algorithm, paired differences with 95% intervals, and one PNG (about 40 minutes on 2 cores).
+# mean +- sd per algorithm, paired differences with 95% intervals, and one PNG (about 35-40 minutes on 2 cores).
 SEEDS ?= 1,2,3
 compare: install
 	$(WITH_ALLOCATOR) $(PY) -m stare_lightning fit -m algorithm=grpo_ds,stare_o1 seed=$(SEEDS) summary=false hydra.sweep.dir=multirun/compare

@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     subcommand, overrides = argv[0], argv[1:]
     if subcommand in cli.PLAIN_SUBCOMMANDS:
         raise SystemExit(user_errors.reported(lambda: cli.run_plain(subcommand, overrides)))
+    if "--help" in overrides or "-h" in overrides:  # ours, not Hydra's (its help prints the whole config as YAML)
+        from stare_lightning.config_help import fit_help
+
+        print(fit_help(subcommand))
+        raise SystemExit(0)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-step INFO lines from weight syncs

@@ -9,9 +9,10 @@ Hydra run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,10 @@ def usage() -> str:
     if plain:
         lines.append("       python -m stare_lightning {" + ",".join(plain) + "} [arguments ...] (see --help)")
     lines += [f"  {name:<{width}}  {help_line}" for name, (_, help_line) in SUBCOMMANDS.items()]
+    lines.append(
+        "python -m stare_lightning fit --help: the config groups and their options, and the keys changed most, with "
+        "their meanings and allowed values"
+    )
     return "\n".join(lines)
 
 
@@ -120,26 +125,52 @@ def check_what_hydra_will_build(overrides: Sequence[str], config_name: str = "co
     logging before any of the project's code runs, so this is the only moment to refuse them."""
     from omegaconf import OmegaConf
 
-    from stare_lightning.config.moved_keys import check_override_keys, moved_key_error
+    from stare_lightning.config.moved_keys import check_override_keys
     from stare_lightning.config.targets import check_hydra_node, check_opt_ins, check_targets
     from stare_lightning.rollout.config import check_staleness_overrides
 
     check_override_keys(overrides)
     check_staleness_overrides(overrides)
     for variant in _compositions(overrides):
-        try:
+        with _explained(variant, config_name):
             composed = compose(variant, with_hydra=True, config_name=config_name)
-        except Exception as error:
-            moved = moved_key_error(error)
-            if moved is None:
-                raise
-            raise moved from error
+        _refuse_keys_not_in_schema(composed, variant, config_name)
         # Unresolved: Hydra's runtime values do not exist yet (an interpolated _target_ matches no name: refused).
         tree = OmegaConf.to_container(composed, resolve=False)
         allowed = list(tree.get("allowed_targets") or [])
         check_opt_ins(allowed)
         check_hydra_node(tree.get("hydra"), allowed)
         check_targets({k: v for k, v in tree.items() if k != "hydra"}, allowed)
+
+
+@contextlib.contextmanager
+def _explained(overrides: Sequence[str], config_name: str = "config") -> Iterator[None]:
+    """A failed composition of ``overrides`` re-raised as one line in this project's words: a moved key's new
+    place, an unknown key's closest known ones, a wrong type's needed one (``config/override_errors.py``); any
+    other failure as it is."""
+    from stare_lightning.config.moved_keys import moved_key_error
+    from stare_lightning.config.override_errors import config_groups, in_our_words
+
+    try:
+        yield
+    except Exception as error:
+        told = moved_key_error(error) or in_our_words(
+            error, overrides, lambda others: compose(others, config_name=config_name), config_groups(config_dir())
+        )
+        if told is None:
+            raise
+        raise told from error
+
+
+def _refuse_keys_not_in_schema(composed: DictConfig, overrides: Sequence[str], config_name: str) -> None:
+    """A key added with ``+`` to a group of the typed schema that has no such field: composition lets it through
+    and the run would refuse it in the job, after Hydra started; refused here instead, in the same words."""
+    from stare_lightning.config.override_errors import config_groups, unknown_key_error, unknown_schema_key
+
+    extra = unknown_schema_key(composed)
+    if extra is not None:
+        compose_others = lambda others: compose(others, config_name=config_name)  # noqa: E731
+        raise unknown_key_error(extra, overrides, compose_others, config_groups(config_dir()))
 
 
 def _hydra_output_dir() -> str | None:
@@ -160,15 +191,19 @@ def prepare_config(cfg: DictConfig) -> tuple[DictConfig, RunConfig]:
             cfg.output_dir = _hydra_output_dir() or "outputs/run"
         cfg.output_dir = str(Path(cfg.output_dir).resolve())
     OmegaConf.resolve(cfg)
-    return cfg, to_run_config(cfg)
+    with _explained(_task_overrides()):
+        return cfg, to_run_config(cfg)
+
+
+def _task_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _relaunch_argv(subcommand: str, output_dir: str) -> None:
     """Make Lightning's DDP children re-enter this subcommand with this job's overrides and directory."""
-    from hydra.core.hydra_config import HydraConfig
-
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    overrides = [o for o in overrides if not o.startswith("output_dir=")]
+    overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
     sys.argv = [sys.argv[0], subcommand, *overrides, f"output_dir={output_dir}"]
 
 

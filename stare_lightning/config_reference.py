@@ -278,7 +278,7 @@ def _args_section(text: str) -> dict[str, str]:
     return {name: _plain(" ".join(parts)) for name, parts in entries.items()}
 
 
-def _yaml_comments(path, prefix: str) -> dict[str, str]:
+def yaml_comments(path, prefix: str) -> dict[str, str]:
     """``dotted key -> the comment on its line`` in one config file (mappings only; list items are skipped)."""
     found: dict[str, str] = {}
     stack: list[tuple[int, str]] = []  # (indent, name) of the mappings above the line
@@ -334,7 +334,7 @@ def constructor_keys() -> list[ConstructorKey]:
     for group in CONSTRUCTOR_GROUPS:
         comments: dict[str, str] = {}
         for option in sorted((conf / group).glob("*.yaml")):
-            for key, comment in _yaml_comments(option, group).items():
+            for key, comment in yaml_comments(option, group).items():
                 comments.setdefault(key, comment)
             node = OmegaConf.to_container(compose([f"{group}={option.stem}"])[group], resolve=False) or {}
 

@@ -19,10 +19,14 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["configure", "native_output_to_log", "ThirdPartyFilter"]
+__all__ = ["configure", "long_preparation", "minutes", "native_output_to_log", "ThirdPartyFilter"]
+
+PROGRESS_EVERY_S = 30.0  # the longest a long preparation stays silent
 
 _PROJECT_DIR = f"{os.sep}stare_lightning{os.sep}"
 _OWN_LOGGERS = ("stare_lightning", "__main__", "hydra")
@@ -111,3 +115,41 @@ def native_output_to_log() -> Iterator[None]:
             os.dup2(saved[1], 2)
             for fd in saved:
                 os.close(fd)
+
+
+def minutes(seconds: float) -> str:
+    """A duration as a person reads it: ``40 s``, ``3 min``, ``1 h 5 min``."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:.0f} min"
+
+
+@contextlib.contextmanager
+def long_preparation(tag: str, what: str, *, expected: str, cached_in: str | os.PathLike) -> Iterator[None]:
+    """Announce a preparation that takes long (a model conversion, a warm-up) before it starts: what it is, about
+    how long it takes and where its result is cached; then a line every ``PROGRESS_EVERY_S`` seconds while it runs,
+    and one when it is done. The lines reach the terminal even while ``native_output_to_log`` diverts it."""
+    print(f"[{tag}] {what}: {expected}; cached in {cached_in}, so it runs once", flush=True)
+    try:  # the terminal itself, which native_output_to_log does not divert
+        terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (a notebook): write to it as it is
+        terminal = None
+    started, done = time.perf_counter(), threading.Event()
+
+    def beat() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            line = f"[{tag}] still preparing ({minutes(time.perf_counter() - started)} so far)"
+            print(line, file=terminal or sys.stdout, flush=True)
+
+    thread = threading.Thread(target=beat, name=f"{tag} progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if terminal is not None:
+            terminal.close()
+    print(f"[{tag}] ready in {minutes(time.perf_counter() - started)}", flush=True)

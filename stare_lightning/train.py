@@ -18,10 +18,11 @@ from transformers import AutoTokenizer
 
 from stare_lightning.allocator import hint_if_page_faulting
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
+from stare_lightning.console import minutes
 from stare_lightning.data.datamodule import PromptDataModule
 from stare_lightning.data.tasks import sft_examples
 from stare_lightning.data.tasks.tool_traces import countdown_tool_examples
-from stare_lightning.models.cold_start import cold_start_key, supervised_fine_tune
+from stare_lightning.models.cold_start import cold_start_key, expected_seconds, supervised_fine_tune
 from stare_lightning.models.registry import default_cache_dir, resolve_model
 from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.run_config import RunConfig
@@ -84,7 +85,13 @@ def _warm_up(cfg: RunConfig, base: Path, target: Path, datamodule: PromptDataMod
         examples = countdown_tool_examples(datamodule.train_records, tool, call_format, seed=cold.seed)
     else:
         examples = sft_examples(datamodule.train_records)
-    print(f"[cold start] supervised warm-up of {cfg.model.name_or_path} on {len(examples)} examples -> {target}")
+    expected = expected_seconds(examples, steps=cold.steps, batch_size=cold.batch_size)
+    print(
+        f"[cold start] a supervised warm-up of the {cfg.model.name_or_path} model on this run's {len(examples)} "
+        f"training examples before RL ({cold.steps} steps, model.cold_start): about {minutes(expected)} on an idle "
+        f"2-core CPU; cached in {target}, so later runs with the same records and settings skip it",
+        flush=True,
+    )
     return supervised_fine_tune(
         base, target, examples, steps=cold.steps, batch_size=cold.batch_size, lr=cold.lr, seed=cold.seed
     )

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from stare_lightning.callbacks import EntropyGuard, FinalStateCheckpoint, RolloutSampleDump, RunSummary
-from stare_lightning.callbacks.run_summary import TRAIN_HEADING, VAL_HEADING
+from stare_lightning.callbacks.run_summary import TRAIN_HEADING, VAL_HEADING, train_heading, train_window
 
 LOW, HIGH = 0.1, 5.0
 
@@ -281,7 +281,7 @@ def expected_rows():
     for key, values in TRAIN.items():
         if key.startswith("train/time/"):
             continue
-        rows[key] = (f"{sum(values[:10]) / 10:.4f}", f"{sum(values[-10:]) / 10:.4f}")
+        rows[key] = (f"{sum(values[:6]) / 6:.4f}", f"{sum(values[-6:]) / 6:.4f}")  # 12 steps: half at each end
     return {**rows, **TIME_ROWS}
 
 
@@ -291,8 +291,16 @@ def test_run_summary_rows(tmp_path):
     rows = summary.rows()
     assert {metric: (start, end) for metric, start, end in rows} == expected_rows()
     assert len(rows) == 8, "never-logged keys (val/entropy, train/stare/*, other quadrants) must be absent"
-    assert ("train/entropy", "0.5625", "0.8125") in rows  # (0..9)/8 and (2..11)/8
-    assert [heading for heading, _ in summary.sections()] == [VAL_HEADING, TRAIN_HEADING]
+    assert ("train/entropy", "0.3125", "1.0625") in rows  # (0..5)/8 and (6..11)/8: the ends share no step
+    heading = "training: mean of the first and last 6 of 12 steps (a short run: half of it at each end)"
+    assert [heading for heading, _ in summary.sections()] == [VAL_HEADING, heading]
+
+
+def test_a_short_runs_window_is_half_of_it_and_a_long_runs_ten_steps():
+    assert [train_window(steps) for steps in (1, 2, 3, 12, 19, 20, 300)] == [1, 1, 1, 6, 9, 10, 10]
+    assert train_heading(20) == train_heading(300) == TRAIN_HEADING == "training: mean of the first and last 10 steps"
+    assert train_heading(3) == "training: mean of the first and last 1 of 3 steps (a short run: half of it at each end)"
+    assert train_heading(1) == "training: the run's only step (start and end are the same)"
 
 
 def test_run_summary_state_round_trip(tmp_path):
@@ -323,7 +331,7 @@ def test_run_summary_shows_the_asynchronous_rows_only_when_samples_were_stale():
     assert "train/async/staleness/mean" not in rows and "train/time/engine_idle" not in rows
     summary.train_history = [{**step, "train/async/staleness/mean": s, "train/async/staleness/max": s} for s in (0, 1)]
     rows = {metric: (start, end) for metric, start, end in summary.rows()}
-    assert rows["train/async/staleness/mean"] == ("0.50", "0.50")
+    assert rows["train/async/staleness/mean"] == ("0.00", "1.00")  # 2 steps: the first, then the last
     assert rows["train/time/engine_idle"] == ("0.25", "0.25") and rows["train/time/weight_push"] == ("0.12", "0.12")
     from rich.console import Console
 
@@ -352,7 +360,7 @@ def test_the_curves_get_a_row_for_asynchronous_rollouts(tmp_path):
 def test_run_summary_prints_table_and_writes_png(tmp_path, capsys):
     run_summary(tmp_path / "plain")  # no CSVLogger: a table, no PNG
     out = capsys.readouterr().out
-    assert "toy after 12 steps" in out and "0.5625" in out and "0.6250" in out
+    assert "toy after 12 steps" in out and "0.3125" in out and "0.6250" in out
     assert not (tmp_path / "plain" / "curves.png").exists() and "curves:" not in out
 
     run_summary(tmp_path / "csv", logger=CSVLogger(tmp_path / "csv"))

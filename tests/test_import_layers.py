@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("callbacks", ("callbacks",)),
     ("train", ("train",)),
     # Commands: what a user runs. config_reference documents the schema as the command line composes it.
-    ("commands", ("cli", "__main__", "compare", "evaluation", "config_reference", "serve")),
+    ("commands", ("cli", "__main__", "compare", "evaluation", "config_reference", "config_help", "serve")),
 ]
 
 # Cycles tolerated for now, each with the change it waits for (none today). Any other cycle fails, and so does an

@@ -39,7 +39,24 @@ ASYNC_KEYS = (
     "train/time/weight_push",
 )
 VAL_HEADING = "validation: first and last evaluation"
-TRAIN_HEADING = "training: mean of the first and last 10 steps"
+WINDOW = 10  # training steps averaged at each end of a run
+TRAIN_HEADING = f"training: mean of the first and last {WINDOW} steps"
+
+
+def train_window(steps: int) -> int:
+    """Steps averaged at each end: ``WINDOW``, or half of a run shorter than twice that, so that the two ends never
+    share a step (a 1-step run's both ends are its one step)."""
+    return max(1, min(WINDOW, steps // 2))
+
+
+def train_heading(steps: int) -> str:
+    """The training section's heading, which says the window wherever it is not the usual one."""
+    if steps >= 2 * WINDOW:
+        return TRAIN_HEADING
+    if steps < 2:
+        return "training: the run's only step (start and end are the same)"
+    window = train_window(steps)
+    return f"training: mean of the first and last {window} of {steps} steps (a short run: half of it at each end)"
 
 
 class RunSummary(Callback):
@@ -74,7 +91,8 @@ class RunSummary(Callback):
             if key in first or key in last:
                 val_rows.append((key, _fmt(first.get(key)), _fmt(last.get(key))))
         train_rows = []
-        head, tail = self.train_history[:10], self.train_history[-10:]
+        window = train_window(len(self.train_history))
+        head, tail = self.train_history[:window], self.train_history[-window:]
         quadrants = tuple(f"train/quadrant/exact/{quadrant}/tokens" for quadrant in QUADRANTS)
         for key in (*TRAIN_KEYS, *quadrants):
             start, end = _mean(head, key), _mean(tail, key)
@@ -83,7 +101,7 @@ class RunSummary(Callback):
         train_rows += _time_rows(head, tail)
         if any((h.get("train/async/staleness/max") or 0) > 0 for h in self.train_history):
             train_rows += [(key, _fmt(_mean(head, key), 2), _fmt(_mean(tail, key), 2)) for key in ASYNC_KEYS]
-        sections = [(VAL_HEADING, val_rows), (TRAIN_HEADING, train_rows)]
+        sections = [(VAL_HEADING, val_rows), (train_heading(len(self.train_history)), train_rows)]
         return [(heading, rows) for heading, rows in sections if rows]
 
     def rows(self) -> list[tuple[str, str, str]]:

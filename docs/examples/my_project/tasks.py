@@ -34,6 +34,7 @@ def make_records(size: int, *, seed: int = 0) -> list[dict]:
 
 def write_jsonl(records: list[dict], path: str | Path) -> Path:
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     return path
 
