@@ -112,11 +112,12 @@ class Gradients(TrainerCallback):
         self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
-def trainer_for(tiny_dir, out_dir, settings: dict, *, steps=STEPS, place_targets=True, ragged=False, **config):
-    """A ``Recording`` trainer of ``steps`` optimizer steps on the fixed rollouts, and its ``Gradients``."""
+def trainer_for(tiny_dir, out_dir, settings: dict, *, steps=STEPS, place_targets=True, ragged=False, seed=11, **config):
+    """A ``Recording`` trainer of ``steps`` optimizer steps on the fixed rollouts (``seed``'s), and its
+    ``Gradients``."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    rollouts = fixed_rollouts(model.config.vocab_size, ragged_prompts=ragged)
+    rollouts = fixed_rollouts(model.config.vocab_size, seed=seed, ragged_prompts=ragged)
     calls = {"rollout": 0, "reward": 0}
 
     def rollout(prompts, trainer):
@@ -171,20 +172,27 @@ def trainer_for(tiny_dir, out_dir, settings: dict, *, steps=STEPS, place_targets
 def project_replay(tiny_dir, trainer: Recording, settings: dict, *, loss_type: str = "dapo"):
     """This project's step on each recorded batch, from the parameters TRL scored it with, under the project's
     counterpart of ``loss_type``."""
+    targets = trainer.stare.targets or [None] * len(trainer.batches)
+    return replay(tiny_dir, trainer.batches, trainer.params, targets, settings, loss_type=loss_type)
+
+
+def replay(tiny_dir, batches, params, targets, settings: dict, *, loss_type: str = "dapo"):
+    """This project's step on each batch (``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``
+    and ``advantages`` as TRL holds them) from its parameters, with its gate target (None: the settings')."""
     policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     loss_agg, surrogate = PROJECT_LOSS[loss_type]
     project = ProjectSTARE(
         project_algorithm(loss_agg=loss_agg, policy_loss=surrogate, **settings), group_size=G, temperature=TEMPERATURE
     )
     out = []
-    targets = trainer.stare.targets or [project.gate.controller.target_entropy] * len(trainer.batches)
-    for batch, params, target in zip(trainer.batches, trainer.params, targets):
-        policy.load_state_dict(params)
+    for batch, state, target in zip(batches, params, targets):
+        policy.load_state_dict(state)
         mask = batch["completion_mask"].bool()
         prompts = [row[batch["prompt_mask"][i].bool()].tolist() for i, row in enumerate(batch["prompt_ids"])]
         responses = [row[mask[i]].tolist() for i, row in enumerate(batch["completion_ids"])]
         experience = on_policy_experience(prompts, responses, batch["advantages"].float(), n=G)
-        project.gate.controller.target_entropy = target
+        if target is not None:
+            project.gate.controller.target_entropy = target
         out.append(project.step(policy, experience, max_response_length=MAX_COMPLETION))
     return out
 
