@@ -3,8 +3,9 @@ logits would dominate: a 2-layer Llama of width 64 with a 131,072-token vocabula
 prompt and 1,024 completion tokens (fixed completions: no generation),
 float32: one optimizer step (two where a generation batch spans two).
 
-Arms, each in its own process. Reported: the RSS when training starts and the peak RSS of the process
-(``ru_maxrss``), so the step's own share is their difference:
+Arms, each in its own process. Reported: the RSS when training starts; the peak RSS (``ru_maxrss``) when the first
+generation batch is ready, which covers TRL's no-grad passes and STARE's scoring pass and nothing after; and the
+peak RSS of the whole run, which adds TRL's loss forward and backward:
 - ``trl``: TRL's ``GRPOTrainer`` (its loss forward uses its fused head: no [rows, T, vocab] logits);
 - ``trl_stare``: ``STAREGRPOTrainer``, whose scoring pass goes through the last hidden states (``trl_scoring``);
 - ``trl_stare_full_logits``: the same trainer with the scoring pass it had before, which formed the full logits
@@ -142,18 +143,38 @@ def run_arm(arm: str, out_dir: str) -> dict[str, float | str]:
         cls = _full_logits_trainer() if arm == "trl_stare_full_logits" else STAREGRPOTrainer
         settings = STARESettings(selector="random") if two_steps else STARESettings(target_entropy=100.0)
         trainer = cls(**common, stare=settings)
+    scoring = _peak_after_first_batch(trainer)
     start_rss = _rss_mib()
     began = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - began
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {
         "arm": arm,
         "rss_at_start_mib": round(start_rss),
-        "peak_rss_mib": round(peak),
-        "step_share_mib": round(peak - start_rss),
+        "peak_through_scoring_mib": round(scoring[0]),
+        "peak_rss_mib": round(_peak_rss_mib()),
         "train_seconds": round(seconds, 1),
     }
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _peak_after_first_batch(trainer) -> list[float]:
+    """The process's peak RSS when the first generation batch is ready: through TRL's no-grad passes and STARE's
+    scoring pass, before any loss forward (the peak RSS never falls, so this is the peak of everything before)."""
+    peak = [float("nan")]
+    original = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        batch = original(inputs)
+        if peak[0] != peak[0]:
+            peak[0] = _peak_rss_mib()
+        return batch
+
+    trainer._generate_and_score_completions = recorded
+    return peak
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from stare_lightning.algorithms.token_stats import TokenStats, token_stats_from_hidden
 
@@ -71,6 +72,12 @@ def _last_hidden(model, decoder, input_ids: Tensor, attention_mask: Tensor) -> T
     return captured[0]
 
 
+def _full(weight: Tensor) -> Tensor:
+    """The head's whole weight: FSDP2 holds it as a sharded DTensor after the forward (every process gathers it
+    here, as TRL's fused head does)."""
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
+
+
 @torch.no_grad()
 def score_completions(
     model: torch.nn.Module,
@@ -100,7 +107,7 @@ def score_completions(
                 device = hidden.device.type
                 autocast_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             dtype = torch.float32 if head_in_fp32 else (autocast_dtype or hidden.dtype)
-            weight = head.weight.to(hidden.device, dtype)
+            weight = _full(head.weight).to(hidden.device, dtype)
             with torch.autocast(hidden.device.type, enabled=False):
                 stats = token_stats_from_hidden(
                     hidden.to(dtype),
