@@ -151,3 +151,22 @@ def test_import_stare_lightning_imports_no_trl():
     code_control = code.replace("stare_lightning.integrations.pytorch", "stare_lightning.integrations.trl")
     out = subprocess.run([sys.executable, "-c", code_control], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("True")
+
+
+def test_a_head_the_scoring_pass_cannot_form_is_refused(tiny_dir):
+    """The scoring pass forms the logits from the head's weight alone: a bias or logits capped after the head are
+    refused; control: the tiny model's plain head is accepted."""
+    from transformers import AutoModelForCausalLM
+
+    from stare_lightning.integrations.trl_scoring import check_plain_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    check_plain_head(model)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+        check_plain_head(model)
+    model.config.final_logit_softcapping = None
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features, bias=True))
+    with pytest.raises(ValueError, match="bias-free linear LM head"):
+        check_plain_head(model)
