@@ -20,6 +20,7 @@ from tests.trl_harness import SETTINGS, replay
 from tests.trl_two_processes import STEPS
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # two processes of TRL's loop: about a minute each
 
 
 def _run_two_processes(tiny_dir, out_dir: Path, scope: str) -> list[dict]:
