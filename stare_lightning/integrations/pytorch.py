@@ -7,8 +7,8 @@ token mean over every valid token of every rank), moves the controller (the gate
 M) and returns the weights omega that multiply the per-token policy loss after clipping, with the gate's decision
 and this project's telemetry (``stare/*``, ``quadrant/*``). Everything is ``stare_lightning.algorithms``'s own:
 ``STAREController`` for the gate and W/M, ``STARERule`` and ``stare_weights_for_scope`` for the top-P selection per
-advantage sign, ``token_stats_from_logits`` and ``entropy_sensitivity`` for the statistics, and the telemetry's
-``metrics.stare_step``. Nothing here imports Lightning, Hydra or omegaconf.
+advantage sign, ``token_stats_from_logits`` and ``entropy_sensitivity`` for the statistics, and
+``metrics.stare_step`` for the telemetry. Nothing here imports Lightning, Hydra or omegaconf.
 
 Where it departs from this project's trainer (``algorithm.stare.*``): the gate reads the token mean (the trainer's
 ``gate_aggregation=like_loss`` needs the loss's aggregation, which lives in the caller's loop); the log-probs given
