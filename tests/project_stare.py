@@ -16,13 +16,14 @@ from stare_lightning.step.scoring import TokenScores, score_batch
 from stare_lightning.step.selection import Gate, TokenSelection
 
 
-def project_algorithm(*, loss_agg: str = "token-mean", **stare) -> AlgorithmConfig:
-    """STARE on, with ``stare`` settings, the clipped PPO surrogate (eps 0.2 / 0.28), no KL, no entropy bonus, one
-    on-policy optimizer step per batch whose old log-probs are the update forward's own (ratio exactly 1)."""
+def project_algorithm(*, loss_agg: str = "token-mean", policy_loss: str = "ppo", **stare) -> AlgorithmConfig:
+    """STARE on, with ``stare`` settings, the clipped ``policy_loss`` surrogate (eps 0.2 / 0.28), no KL, no entropy
+    bonus, one on-policy optimizer step per batch whose old log-probs are the update forward's own (ratio exactly
+    1)."""
     base = AlgorithmConfig()
     return dataclasses.replace(
         base,
-        policy_loss=dataclasses.replace(base.policy_loss, clip_eps_low=0.2, clip_eps_high=0.28),
+        policy_loss=dataclasses.replace(base.policy_loss, name=policy_loss, clip_eps_low=0.2, clip_eps_high=0.28),
         update=dataclasses.replace(base.update, loss_agg=loss_agg, on_policy_old_logprobs="forward"),
         stare=dataclasses.replace(base.stare, enabled=True, **stare),
     )
@@ -53,8 +54,11 @@ class ProjectSTARE:
     def score(self, policy, batch: Experience) -> TokenScores:
         return score_batch(policy, batch, temperature=self.temperature, chunk_size=64, micro_batch_tokens=1 << 20)
 
-    def step(self, policy, batch: Experience, scores: TokenScores | None = None) -> ProjectStep:
-        """Gate, selection and the loss (one micro-batch: the whole batch) with its gradients on ``policy``."""
+    def step(
+        self, policy, batch: Experience, scores: TokenScores | None = None, *, max_response_length: int | None = None
+    ) -> ProjectStep:
+        """Gate, selection and the loss (one micro-batch: the whole batch) with its gradients on ``policy``;
+        ``max_response_length``: the constant length of ``seq-mean-token-sum-norm`` (default: the batch's width)."""
         scores = scores if scores is not None else self.score(policy, batch)
         params = self.gate.advance(self.gate.measure(scores, batch))
         chosen = self.selection.over_step(scores, batch, params)
@@ -62,7 +66,7 @@ class ProjectSTARE:
             batch, old_logprobs=scores.logprobs, phi=scores.phi, stare_weights=chosen.omega,
             stare_selected=chosen.selected,
         )  # fmt: skip
-        width = batch.response_width
+        width = max_response_length or batch.response_width
         normalizer = step_normalizer(part, max_response_length=width, device=torch.device("cpu"))
         policy.zero_grad(set_to_none=True)
         result = micro_batch_loss(

@@ -48,4 +48,4 @@ def test_the_loop_runs_and_its_checkpoint_resumes_stare(tiny_dir, tmp_path):
 def test_the_trl_script_runs_and_logs_stare(tiny_dir, tmp_path):
     require("trl", "datasets")
     out = _run("stare_trl.py", tiny_dir, tmp_path / "run", cwd=tmp_path)
-    assert "'stare/gate_on'" in out and "'stare/selected_frac/pos'" in out
+    assert "'stare/gate_on': 1.0" in out and "'stare/selected_frac/pos'" in out  # the example's gate opened

@@ -15,143 +15,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.needs import require
+from tests.trl_harness import SETTINGS, STEPS, Dataset, GRPOConfig, project_replay, trainer_for, weights_of
 
-require("trl", "datasets")
-
-# TRL's import sets VLLM_LOGGING_LEVEL=ERROR in this process's environment when vLLM is installed; put it back, so
-# that the other tests of this worker (and the processes they start) see vLLM's logging as a run would.
-_VLLM_LOGGING_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
-from datasets import Dataset  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
-
-if _VLLM_LOGGING_LEVEL is None:
-    os.environ.pop("VLLM_LOGGING_LEVEL", None)
-else:
-    os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
-
-from stare_lightning.integrations.trl import (  # noqa: E402
+# isort: split
+# (the harness first: it skips without TRL and keeps TRL's import from changing vLLM's logging)
+from stare_lightning.integrations.trl import (
     STATE_FILE,
     WEIGHTS_KEY,
     STAREGRPOTrainer,
     STARESettings,
     check_grpo_config,
 )
-from tests.experiences import on_policy_experience  # noqa: E402
-from tests.project_stare import ProjectSTARE, project_algorithm  # noqa: E402
 
-G, PROMPTS_PER_STEP, STEPS, PROMPT_LENGTH, TEMPERATURE = 4, 2, 4, 6, 0.9
-SETTINGS = dict(variant="C2", top_ratio=0.2, w=1.3, m=0.8, adaptive=True, alpha=0.05)
-
-
-def fixed_rollouts(vocab: int, seed: int = 11):
-    """Per step: the prompts' token ids (all PROMPT_LENGTH long: no left padding), the completions (3 to 20 tokens,
-    no end-of-sequence token) and the rewards (both signs within each group)."""
-    g = torch.Generator().manual_seed(seed)
-    steps = []
-    for _ in range(STEPS):
-        prompts = [torch.randint(4, vocab, (PROMPT_LENGTH,), generator=g).tolist() for _ in range(PROMPTS_PER_STEP)]
-        lengths = torch.randint(3, 21, (PROMPTS_PER_STEP * G,), generator=g).tolist()
-        completions = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
-        rewards = [float(r) for r in torch.randint(0, 3, (PROMPTS_PER_STEP * G,), generator=g)]
-        for group in range(PROMPTS_PER_STEP):  # no group without a spread
-            rewards[group * G], rewards[group * G + 1] = 0.0, 2.0
-        steps.append(([p for p in prompts for _ in range(G)], completions, rewards))
-    return steps
-
-
-class Recording(STAREGRPOTrainer):
-    """Records each step's batch (rows in generation order, with the weights when the gate is open), the parameters
-    it was scored with and the loss; places the gate's target just above (even steps) or below (odd) the step's
-    entropy, so the gate opens and closes."""
-
-    def __init__(self, *args, place_targets: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.place_targets = place_targets
-        self.batches, self.params, self.losses, self.targets = [], [], [], []
-
-    def _stare_scores(self, batch):
-        logprobs, entropy, phi = super()._stare_scores(batch)
-        if not self.place_targets:
-            return logprobs, entropy, phi
-        mask = batch["completion_mask"].bool()
-        target = float(entropy[mask].double().mean()) + (0.05 if len(self.targets) % 2 == 0 else -0.05)
-        self.stare.controller.target_entropy = target
-        self.targets.append(target)
-        return logprobs, entropy, phi
-
-    def _generate_and_score_completions(self, inputs):
-        self.params.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
-        batch = super()._generate_and_score_completions(inputs)
-        self.batches.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
-        self.losses.append(torch.zeros(()))
-        return batch
-
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
-        self.losses[-1] = self.losses[-1] + loss.detach()
-        return loss
-
-
-class Gradients(TrainerCallback):
-    """Each optimizer step's accumulated gradients (no clipping: max_grad_norm=0)."""
-
-    def __init__(self):
-        self.steps = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-
-
-def trainer_for(tiny_dir, out_dir, settings: dict, *, steps: int = STEPS, place_targets: bool = True, **config):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    rollouts = fixed_rollouts(model.config.vocab_size)
-    calls = {"rollout": 0, "reward": 0}
-
-    def rollout(prompts, trainer):
-        prompt_ids, completions, _ = rollouts[calls["rollout"] % STEPS]
-        calls["rollout"] += 1
-        return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": None}
-
-    def reward(completions, **kwargs):
-        rewards = rollouts[calls["reward"] % STEPS][2]
-        calls["reward"] += 1
-        return rewards
-
-    options = dict(
-        output_dir=str(out_dir), max_steps=steps, learning_rate=3e-3, per_device_train_batch_size=G,
-        gradient_accumulation_steps=PROMPTS_PER_STEP, num_generations=G, max_completion_length=20,
-        temperature=TEMPERATURE, loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, max_grad_norm=0.0,
-        use_cpu=True, bf16=False, logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False, seed=0,
-    )  # fmt: skip
-    options.update(config)
-    dataset = Dataset.from_list([{"prompt": f"question {i}"} for i in range(64)])
-    gradients = Gradients()
-    trainer = Recording(
-        model=model, reward_funcs=reward, args=GRPOConfig(**options), train_dataset=dataset,
-        processing_class=tokenizer, rollout_func=rollout, callbacks=[gradients], stare=STARESettings(**settings),
-        place_targets=place_targets,
-    )  # fmt: skip
-    return trainer, gradients
-
-
-def project_replay(tiny_dir, trainer: Recording, settings: dict):
-    """This project's step on each recorded batch, from the parameters TRL scored it with."""
-    policy = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    project = ProjectSTARE(project_algorithm(**settings), group_size=G, temperature=TEMPERATURE)
-    out = []
-    targets = trainer.targets or [project.gate.controller.target_entropy] * len(trainer.batches)
-    for batch, params, target in zip(trainer.batches, trainer.params, targets):
-        policy.load_state_dict(params)
-        mask = batch["completion_mask"].bool()
-        prompts = batch["prompt_ids"].tolist()
-        responses = [row[mask[i]].tolist() for i, row in enumerate(batch["completion_ids"])]
-        experience = on_policy_experience(prompts, responses, batch["advantages"].float(), n=G)
-        project.gate.controller.target_entropy = target
-        out.append(project.step(policy, experience))
-    return out
+RANDOM = {"selector": "random"}
 
 
 def test_weights_loss_and_gradients_equal_the_projects_over_steps(tiny_dir, tmp_path):
@@ -161,7 +37,7 @@ def test_weights_loss_and_gradients_equal_the_projects_over_steps(tiny_dir, tmp_
     assert [b.get(WEIGHTS_KEY) is not None for b in trainer.batches] == [True, False, True, False]
     assert len(gradients.steps) == STEPS
     for step, (batch, want) in enumerate(zip(trainer.batches, theirs)):
-        weights = batch.get(WEIGHTS_KEY, torch.ones_like(batch["completion_mask"], dtype=torch.float32))
+        weights = weights_of(batch)
         assert want.params.gate_on == (step % 2 == 0)
         assert torch.equal(weights, want.omega) and bool((weights != 1).any()) == want.params.gate_on
         torch.testing.assert_close(trainer.losses[step], want.loss, atol=2e-6, rtol=1e-5)
@@ -188,8 +64,13 @@ def test_a_resumed_run_continues_the_controller(tiny_dir, tmp_path):
     straight, _ = trainer_for(tiny_dir, tmp_path / "straight", SETTINGS, steps=3)
     straight.train()
     first, _ = trainer_for(tiny_dir, tmp_path / "run", SETTINGS, steps=2, save_strategy="steps", save_steps=2)
+    # The Hub push of a checkpoint (its last act) sees STARE's state already written; the push itself is recorded.
+    pushed = []
+    first.args.push_to_hub = True
+    first._push_from_checkpoint = lambda folder: pushed.append(sorted(os.listdir(folder)))
     first.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert len(pushed) == 1 and STATE_FILE in pushed[0] and "trainer_state.json" in pushed[0]
     assert json.loads((checkpoint / STATE_FILE).read_text()) == first.stare.state_dict()
     resumed, _ = trainer_for(tiny_dir, tmp_path / "run", SETTINGS, steps=3)
     resumed.train(resume_from_checkpoint=str(checkpoint))
@@ -201,23 +82,53 @@ def test_a_resumed_run_continues_the_controller(tiny_dir, tmp_path):
         again.train(resume_from_checkpoint=str(checkpoint))
 
 
-@pytest.mark.parametrize(
-    ("config", "settings", "message"),
-    [
-        ({"num_iterations": 2}, {}, "several optimizer steps per generation batch"),
-        ({"steps_per_generation": 4}, {}, "several optimizer steps per generation batch"),
-        ({}, {"scope": "micro_batch"}, "random split"),
-        ({"loss_type": "sapo"}, {}, "loss_type='sapo' is refused"),
+REFUSED = [  # (config, settings, message, an accepted neighbour: (config, settings))
+    ({"num_iterations": 2}, {}, "several optimizer steps per generation batch", ({"num_iterations": 2}, RANDOM)),
+    ({"steps_per_generation": 4}, {}, "several optimizer steps", ({"steps_per_generation": 4}, RANDOM)),
+    ({"steps_per_generation": 1}, RANDOM, "move 2 times per optimizer step", ({"steps_per_generation": 2}, RANDOM)),
+    ({"steps_per_generation": 3}, RANDOM, "not a whole number", ({"steps_per_generation": 4}, RANDOM)),
+    ({}, {"scope": "micro_batch"}, "random split", ({}, {"scope": "sequence"})),
+    ({"loss_type": "sapo"}, {}, "loss_type='sapo' is refused", ({"loss_type": "dapo"}, {})),
+    *[
+        (
+            {"importance_sampling_level": "sequence", "loss_type": loss},
+            {},
+            "the row's mean omega",
+            ({"importance_sampling_level": "sequence", "loss_type": "cispo"}, {}),
+        )
+        for loss in ("grpo", "bnpo", "dr_grpo", "dapo")
     ],
-)
-def test_settings_it_cannot_honour_are_refused(tmp_path, config, settings, message):
+    ({"top_entropy_quantile": 0.5}, {}, "top_entropy_quantile=0.5 is refused", ({"top_entropy_quantile": 1.0}, {})),
+]
+
+
+@pytest.mark.parametrize(("config", "settings", "message", "neighbour"), REFUSED)
+def test_settings_it_cannot_honour_are_refused(tmp_path, config, settings, message, neighbour):
     base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=4,
                 num_generations=4, gradient_accumulation_steps=2)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         check_grpo_config(GRPOConfig(**{**base, **config}), STARESettings(**settings))
     check_grpo_config(GRPOConfig(**base), STARESettings())  # control: the same base is accepted
-    # A selector that does not follow the policy may keep one selection for several optimizer steps.
-    check_grpo_config(GRPOConfig(**{**base, "num_iterations": 2}), STARESettings(selector="random"))
+    check_grpo_config(GRPOConfig(**{**base, **neighbour[0]}), STARESettings(**neighbour[1]))  # and its neighbour
+
+
+def test_images_are_refused_at_construction(tiny_dir, tmp_path):
+    """Refused before the model loads (a model path that does not exist is never read); control: the same call
+    without the image column gets as far as loading the model."""
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=4,
+    )
+    with_images = Dataset.from_list([{"prompt": "a", "image": None}] * 4)
+    with pytest.raises(ValueError, match="does not take images .*'image'"):
+        STAREGRPOTrainer(model=str(tmp_path / "absent"), reward_funcs=len, args=args, train_dataset=with_images)
+    with pytest.raises(OSError):
+        text_only = with_images.remove_columns("image")
+        STAREGRPOTrainer(model=str(tmp_path / "absent"), reward_funcs=len, args=args, train_dataset=text_only)
 
 
 def test_scope_group_needs_whole_groups_on_each_process():
@@ -240,3 +151,22 @@ def test_import_stare_lightning_imports_no_trl():
     code_control = code.replace("stare_lightning.integrations.pytorch", "stare_lightning.integrations.trl")
     out = subprocess.run([sys.executable, "-c", code_control], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("True")
+
+
+def test_a_head_the_scoring_pass_cannot_form_is_refused(tiny_dir):
+    """The scoring pass forms the logits from the head's weight alone: a bias or logits capped after the head are
+    refused; control: the tiny model's plain head is accepted."""
+    from transformers import AutoModelForCausalLM
+
+    from stare_lightning.integrations.trl_scoring import check_plain_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    check_plain_head(model)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+        check_plain_head(model)
+    model.config.final_logit_softcapping = None
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features, bias=True))
+    with pytest.raises(ValueError, match="bias-free linear LM head"):
+        check_plain_head(model)

@@ -7,8 +7,8 @@ token mean over every valid token of every rank), moves the controller (the gate
 M) and returns the weights omega that multiply the per-token policy loss after clipping, with the gate's decision
 and this project's telemetry (``stare/*``, ``quadrant/*``). Everything is ``stare_lightning.algorithms``'s own:
 ``STAREController`` for the gate and W/M, ``STARERule`` and ``stare_weights_for_scope`` for the top-P selection per
-advantage sign, ``token_stats_from_logits`` and ``entropy_sensitivity`` for the statistics, and the telemetry's
-functional pairs (``metrics.functional``). Nothing here imports Lightning, Hydra or omegaconf.
+advantage sign, ``token_stats_from_logits`` and ``entropy_sensitivity`` for the statistics, and
+``metrics.stare_step`` for the telemetry. Nothing here imports Lightning, Hydra or omegaconf.
 
 Where it departs from this project's trainer (``algorithm.stare.*``): the gate reads the token mean (the trainer's
 ``gate_aggregation=like_loss`` needs the loss's aggregation, which lives in the caller's loop); the log-probs given
@@ -30,15 +30,7 @@ from stare_lightning.algorithms.sensitivity import entropy_sensitivity
 from stare_lightning.algorithms.stare import STARERule, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import StepParams
 from stare_lightning.algorithms.token_stats import token_stats_from_logits
-from stare_lightning.distributed import all_reduce
-from stare_lightning.metrics.functional import (
-    _quadrant_compute,
-    _quadrant_update,
-    _ratio,
-    _selected_fraction_compute,
-    _selected_fraction_update,
-    _token_entropy_update,
-)
+from stare_lightning.metrics.stare_step import stare_step_metrics, token_mean_entropy
 
 __all__ = ["STARE", "STAREResult", "STARESettings"]
 
@@ -46,35 +38,8 @@ __all__ = ["STARE", "STAREResult", "STARESettings"]
 _LOOP_OWNED = ("enabled", "surprisal_source", "gate_aggregation")
 
 
-@dataclass
-class STARESettings:
-    """STARE's settings: the names and defaults of this project's ``algorithm.stare.*`` (docs/method.md).
-
-    variant: "O1" (W on L+) or "C2" (also M on L-); top_ratio: P, the share of each advantage sign selected;
-    w, m: the weights while the gate is open; target_entropy: the gate opens on steps whose batch entropy is
-    below it; selector: what ranks the tokens ("surprisal", "sensitivity", "entropy", "random"); scope: the
-    pool one selection ranks ("step": every token given, gathered across ranks; "micro_batch": this rank's
-    tokens only; "sequence": each row; "group": each block of ``group_size`` rows); adaptive, alpha, w_max,
-    m_min: the adaptive schedule of W and M; timing: when an adaptive update applies ("next_step", the paper's,
-    or "same_step"); k_rounding, tie_order: the ranking's conventions; gate_starts_open: the gate before the
-    first measurement. Checked as ``algorithm.stare`` is; an error names the setting.
-    """
-
-    variant: str = "O1"
-    top_ratio: float = 0.1
-    w: float = 1.1
-    m: float = 0.9
-    target_entropy: float = 0.3
-    selector: str = "surprisal"
-    scope: str = "step"
-    adaptive: bool = False
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
-    timing: str = "next_step"
-    k_rounding: str = "ceil"
-    tie_order: str = "position"
-    gate_starts_open: bool = False
+class _SettingsChecks:
+    """What ``STARESettings`` adds to its fields: the check, the project's config and the selection's rule."""
 
     def __post_init__(self) -> None:
         try:
@@ -88,8 +53,41 @@ class STARESettings:
 
     def rule(self) -> STARERule:
         """The selection's rule (its W, M and gate are set per step)."""
-        return STARERule(variant=self.variant, top_ratio=self.top_ratio, selector=self.selector,
-                         k_rounding=self.k_rounding, tie_order=self.tie_order)  # fmt: skip
+        return STARERule(
+            variant=self.variant,
+            top_ratio=self.top_ratio,
+            selector=self.selector,
+            k_rounding=self.k_rounding,
+            tie_order=self.tie_order,
+        )
+
+
+# STARESettings has STAREConfig's fields and defaults, less those the loop owns: one list of fields, STAREConfig's.
+STARESettings = dataclasses.make_dataclass(
+    "STARESettings",
+    [
+        (f.name, f.type, dataclasses.field(default=f.default))
+        for f in dataclasses.fields(STAREConfig)
+        if f.name not in _LOOP_OWNED
+    ],
+    bases=(_SettingsChecks,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": """STARE's settings: the names and defaults of this project's ``algorithm.stare.*``
+    (docs/method.md), built from ``STAREConfig``'s fields less ``enabled``, ``surprisal_source`` and
+    ``gate_aggregation`` (the loop's own).
+
+    variant: "O1" (W on L+) or "C2" (also M on L-); top_ratio: P, the share of each advantage sign selected;
+    w, m: the weights while the gate is open; target_entropy: the gate opens on steps whose batch entropy is
+    below it; selector: what ranks the tokens ("surprisal", "sensitivity", "entropy", "random"); scope: the
+    pool one selection ranks ("step": every token given, gathered across ranks; "micro_batch": this rank's
+    tokens only; "sequence": each row; "group": each block of ``group_size`` rows); adaptive, alpha, w_max,
+    m_min: the adaptive schedule of W and M; timing: when an adaptive update applies ("next_step", the paper's,
+    or "same_step"); k_rounding, tie_order: the ranking's conventions; gate_starts_open: the gate before the
+    first measurement. Checked as ``algorithm.stare`` is; an error names the setting.
+    """,
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -173,10 +171,7 @@ class STARE:
         telemetry (computed from logits when given). ``generator``: the draw of selector "random".
         """
         logprobs, entropy, phi = _token_inputs(logprobs, entropy, logits, tokens, temperature, phi)
-        entropy_sum, count = _token_entropy_update(entropy, mask.bool())
-        totals = all_reduce(torch.stack([entropy_sum, count.to(entropy_sum.dtype)]), device=entropy.device)
-        h_k = float(_ratio(totals[0], totals[1]))
-        self.params = self.controller.update(h_k)
+        self.params = self.controller.update(token_mean_entropy(entropy, mask))
         return self.select(advantages, mask, logprobs=logprobs, entropy=entropy, phi=phi, generator=generator)
 
     def select(
@@ -205,7 +200,7 @@ class STARE:
             rule=rule,
         )
         applied = weights if params.gate_on else None
-        metrics = _telemetry(params, advantages.detach(), mask, stats.selected, applied, phi, weights.device)
+        metrics = stare_step_metrics(params, advantages.detach(), mask, stats.selected, applied, phi)
         h_k = params.gate_entropy if params.gate_entropy is not None else float("nan")
         metrics["entropy"] = h_k
         return STAREResult(weights, bool(params.gate_on), params, h_k, stats.selected, metrics)
@@ -225,20 +220,3 @@ def _token_inputs(logprobs, entropy, logits, tokens, temperature, phi) -> tuple[
     if logprobs is None or entropy is None:
         raise ValueError("STARE.step needs logprobs and entropy ([B, T]), or logits and tokens")
     return logprobs.detach(), entropy.detach(), None if phi is None else phi.detach()
-
-
-def _telemetry(params, advantages, mask, selected, omega, phi, device) -> dict[str, float]:
-    """This project's STARE metrics of the selection, summed over ranks before any ratio."""
-    out = {
-        "stare/gate_on": float(params.gate_on),
-        "stare/w": float(params.w),
-        "stare/m": float(params.m),
-        "stare/gate_entropy": float("nan") if params.gate_entropy is None else float(params.gate_entropy),
-    }
-    counts = all_reduce(_selected_fraction_update(selected, advantages, mask), device=device)
-    out.update({k: float(v) for k, v in _selected_fraction_compute(counts).items()})
-    if phi is not None:
-        states = _quadrant_update(advantages, mask, phi, omega, selected)
-        states = [all_reduce(s, device=device) for s in states]
-        out.update({k: float(v) for k, v in _quadrant_compute(*states).items()})
-    return out

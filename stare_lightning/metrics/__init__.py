@@ -32,6 +32,7 @@ _EXPORTS = {
     "TruncatedFraction": "stare_lightning.metrics.step_stats",
     "UpdateLoss": "stare_lightning.metrics.step_stats",
     "ReflectionWords": "stare_lightning.metrics.text",
+    "stare_step_metrics": "stare_lightning.metrics.stare_step",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
