@@ -12,6 +12,7 @@
 #   scripts/cluster.sh run HOST CMD..  run CMD on HOST (node1.., ctl, or a host added with `host`)
 #   scripts/cluster.sh host NAME       add a bare host on the same network (no slurmd), for what runs beside SLURM
 #   scripts/cluster.sh link HOST up|down   plug a host's network link in or pull it out
+#   scripts/cluster.sh pids HOST       the processes running on HOST (the machine's process IDs)
 #   scripts/cluster.sh env             the variables that point SLURM's commands here: eval "$(scripts/cluster.sh env)"
 #   scripts/cluster.sh status          the hosts, their addresses, and sinfo
 #
@@ -159,10 +160,11 @@ case ${1:-} in
     [[ $# -eq 3 && $3 =~ ^(up|down)$ ]] || die "usage: link HOST up|down"
     ip link set "$(cat "$DIR/hosts/$2.link" 2>/dev/null || die "no host '$2'")" "$3"
     ;;
+  pids) [[ $# -eq 2 ]] || die "usage: pids HOST"; anchor_pid "$2" >/dev/null; ip netns pids "$NAME-$2" ;;
   env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
   status)
     for f in "$DIR"/hosts/*.pid; do [[ -e $f ]] && echo "$(basename "$f" .pid) pid $(cat "$f")"; done
     SLURM_CONF=$DIR/slurm.conf sinfo
     ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -15,6 +15,8 @@ set -euo pipefail
 # The GPUs this job holds on each node (SLURM sets the count when it allocated any): one process each, else one.
 GPUS=${SLURM_GPUS_ON_NODE:-0}
 if ((GPUS > 0)); then TASKS=$GPUS DEVICE=(); else TASKS=1 DEVICE=(trainer.accelerator=cpu); fi
-srun --nodes="$SLURM_NNODES" --ntasks-per-node="$TASKS" "${PYTHON:-python}" -m stare_lightning fit trainer=fsdp \
+# A rank that dies ends the others at once (--kill-on-bad-exit) instead of leaving them at a collective: resubmit
+# with ckpt_path=last to go on from the last checkpoint.
+srun --kill-on-bad-exit=1 --nodes="$SLURM_NNODES" --ntasks-per-node="$TASKS" "${PYTHON:-python}" -m stare_lightning fit trainer=fsdp \
   trainer.devices="$TASKS" trainer.num_nodes="$SLURM_NNODES" "${DEVICE[@]}" \
   output_dir="${OUTPUT_DIR:-$PWD/runs/$SLURM_JOB_ID}" "$@"

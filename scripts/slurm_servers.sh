@@ -56,7 +56,7 @@ for url in "${URLS[@]}"; do  # every server healthy before the trainer starts
   done
 done
 
-srun --nodes="${#TRAIN[@]}" --ntasks-per-node="$PER_NODE" --nodelist="$(IFS=,; echo "${TRAIN[*]}")" \
+srun --kill-on-bad-exit=1 --nodes="${#TRAIN[@]}" --ntasks-per-node="$PER_NODE" --nodelist="$(IFS=,; echo "${TRAIN[*]}")" \
   "$PY" -m stare_lightning fit trainer=fsdp trainer.devices="$PER_NODE" trainer.num_nodes="${#TRAIN[@]}" "${TRAIN_DEVICE[@]}" \
   rollout=server rollout.server.launch=false "rollout.server.urls=[$(IFS=,; echo "${URLS[*]}")]" \
   rollout.server.transfer_dir="$OUT/weights" output_dir="$OUT" "$@"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,18 @@ class Cluster:
         names = {"STARE_CLUSTER_NAME": self.name, "STARE_CLUSTER_SUBNET": self.subnet}
         return {**os.environ, **names, "STARE_CLUSTER_DIR": str(self.directory)}
 
+    def kill(self, host: str, command_part: str) -> int:
+        """SIGKILL the processes on ``host`` whose command line holds ``command_part``; how many there were."""
+        killed = 0
+        for pid in map(int, self.script("pids", host).stdout.split()):
+            try:
+                if command_part in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # ended meanwhile
+        return killed
+
     def copy_models(self, model_cache: str) -> None:
         """The built tiny models (and their cold starts) of the session's cache, where the nodes can read them."""
         target = self.shared / "cache"
@@ -73,23 +86,22 @@ class Cluster:
 
     def sbatch(self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> Job:
         """Submit a job, wait for it to leave the queue, and return its final state, nodes and output."""
-        out = subprocess.run(
-            ["sbatch", "--parsable", "-o", "slurm-%j.out", *args],
-            cwd=cwd,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        job_id = out.stdout.strip().split(";")[0]
+        return self.wait(self.submit(*args, cwd=cwd, env=env), cwd, timeout)
+
+    def submit(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+        command = ["sbatch", "--parsable", "-o", "slurm-%j.out", *args]
+        out = subprocess.run(command, cwd=cwd, env={**self.env, **(env or {})}, capture_output=True, text=True)
+        assert out.returncode == 0, f"sbatch refused the job: {out.stderr}"
+        return out.stdout.strip().split(";")[0]
+
+    def wait(self, job_id: str, cwd: Path, timeout: float = 900) -> Job:
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            job = self.job(job_id, cwd)
-            if job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-                return job
+        while (job := self.job(job_id, cwd)).state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            if time.time() > deadline:
+                subprocess.run(["scancel", job_id], env=self.env, check=False)
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s: {job.output[-4000:]}")
             time.sleep(1)
-        subprocess.run(["scancel", job_id], env=self.env, check=False)
-        raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s: {job.output[-4000:]}")
+        return job
 
     def job(self, job_id: str, cwd: Path) -> Job:
         shown = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True, text=True)

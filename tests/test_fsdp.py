@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -196,15 +197,29 @@ def cluster():
         yield nodes
 
 
-def test_slurm_fit_on_two_nodes_of_a_real_cluster_matches_one_process(reference, cluster, tmp_path, model_cache):
-    """``sbatch scripts/slurm_fit.sh`` as its header asks, but on CPU nodes (``--gpus-per-node=0``): one rank a node,
-    meeting over the cluster network; the same steps and final weights as one process."""
+def test_slurm_fit_on_two_real_nodes_survives_a_lost_rank_and_matches_one_process(
+    reference, cluster, tmp_path, model_cache
+):
+    """``sbatch scripts/slurm_fit.sh`` as its header asks, on CPU nodes (``--gpus-per-node=0``): one rank a node,
+    meeting over the cluster network. The rank on node2 is killed after the step-2 checkpoint; the job ends, and the
+    same job resubmitted with ``ckpt_path=last`` finishes with the one-process run's steps and final weights."""
     cluster.copy_models(model_cache)
     run = cluster.shared / "slurm_fit"
-    script = str(REPO / "scripts" / "slurm_fit.sh")
-    job = cluster.sbatch("--nodes=2", "--gpus-per-node=0", script, *SHARDED, f"output_dir={run}", cwd=cluster.shared)
-    assert job.state == "COMPLETED" and job.nodes == "node[1-2]", job.output[-4000:]
-    _assert_same_steps(reference, run)
+    job = ["--nodes=2", "--gpus-per-node=0", str(REPO / "scripts" / "slurm_fit.sh"), *SHARDED, f"output_dir={run}"]
+    first = cluster.submit(*job, cwd=cluster.shared)
+    checkpoint = run / "checkpoints" / "last.ckpt" / ".metadata"
+    deadline = time.time() + 900
+    while not checkpoint.exists() and cluster.job(first, cluster.shared).state in ("PENDING", "RUNNING"):
+        assert time.time() < deadline, "no step-2 checkpoint after 900 s"
+        time.sleep(0.2)
+    assert cluster.kill("node2", "-m stare_lightning fit") == 1
+    lost = cluster.wait(first, cluster.shared)
+    assert lost.state == "FAILED" and lost.nodes == "node[1-2]", lost.output[-4000:]
+    assert len(train_rows(read_metrics(run))) < 3, "the job finished before its rank could be killed"
+
+    resumed = cluster.sbatch(*job, "ckpt_path=last", cwd=cluster.shared)
+    assert resumed.state == "COMPLETED", resumed.output[-4000:]
+    _assert_same_steps(reference, run)  # step 2 comes from the resubmitted job
     want = _export(reference, tmp_path / "hf_one_process", model_cache, tmp_path)
     have = _export(run, tmp_path / "hf_cluster", model_cache, tmp_path)
     assert want.keys() == have.keys()
