@@ -49,6 +49,7 @@ def connect_servers(
         raise
     # Rank 0's: every rank must name the adapters the same way.
     run_tag = distributed.all_gather_objects(f"run{secrets.token_hex(4)}")[0]
+    network = _network_push(server, clients, token, adapters) if distributed.rank() == 0 else None
     return ServerRolloutEngine(
         clients,
         chunk_bytes=server.chunk_mb << 20,
@@ -56,7 +57,31 @@ def connect_servers(
         transfer_dir=server.transfer_dir,
         adapters=adapters,
         run_tag=run_tag,
+        network=network,
     )
+
+
+def _network_push(server: ServerConfig, clients: list[ServerClient], token: str | None, adapters):
+    """Rank 0's network transfer when ``rollout.server.transfer`` resolves to it (``placement.py``), else None."""
+    from stare_lightning.rollout.server.placement import network_address, transfer_mode
+
+    if transfer_mode(server) != "network":
+        return None
+    if adapters is not None:
+        raise RolloutServerError(
+            "rollout.lora_sync=adapter loads adapters from a directory the servers read, and "
+            "rollout.server.transfer resolved to network (a server on another host, or transfer=network): set "
+            "rollout.lora_sync=merged to push merged weights over the network, or rollout.server.transfer=files with "
+            "a rollout.server.transfer_dir every node mounts"
+        )
+    if not token:
+        raise RolloutServerError(
+            f"the network weight push binds its rendezvous to the servers' secret: set ${server.token_env}"
+        )
+    from stare_lightning.rollout.server.net_push import NetworkPush
+
+    address = network_address(server, [client.url for client in clients])
+    return NetworkPush(clients, token=token, address=address, port=server.transfer_port, timeout=server.request_timeout)
 
 
 def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> ServerRolloutEngine:
