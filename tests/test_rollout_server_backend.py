@@ -687,3 +687,43 @@ def test_a_network_push_serves_the_pushed_weights_and_bytes_not_the_trainers_are
     finally:
         engine.close()
         _back_to_the_fixture_directory(url, directory)
+
+
+STALL_TIMEOUT_S = 10.0
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_served(server, tiny_dir):
+    """The trainer's bytes stop after the first chunk (a cut link, a trainer gone): the server's receive gives up
+    after the timeout the trainer set, the round is refused, and the server serves its previous version."""
+    import threading
+
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.net_push import NetworkPush
+    from stare_lightning.rollout.server.net_wire import pack_chunks
+
+    url, directory = server
+    client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
+    network = NetworkPush([client], token=TOKEN, address="127.0.0.1", port=0, timeout=STALL_TIMEOUT_S)
+    try:
+        network.push(list(pack_chunks(_named(_perturbed(tiny_dir, seed=31)), TOKEN, 100_000)), "whole")
+        ids, served = _generate(url)
+        chunks = list(pack_chunks(_named(_perturbed(tiny_dir, seed=32)), TOKEN, 100_000))
+        assert len(chunks) > 2
+        (group,) = network._groups
+        client.begin_push()
+        first = threading.Thread(target=group.send, args=(chunks[0][1],), daemon=True)
+        first.start()
+        client.send_chunk(chunks[0][0])
+        start = time.monotonic()
+        with pytest.raises(RolloutServerError, match=f"{url} refused .*receiving a weight chunk from the trainer"):
+            client.send_chunk(chunks[1][0])  # its bytes never come
+        assert time.monotonic() - start < STALL_TIMEOUT_S + 30
+        assert _request(url, "/finish_weight_update", {"weight_version": "partial"})[0] == 500
+        _ok(url, "/resume", method="POST")
+        assert _ok(url, "/weight_info") == {"weight_version": "whole"}
+        assert _same(_generate(url), (ids, served))
+    finally:
+        network.close()
+        _back_to_the_fixture_directory(url, directory)
