@@ -45,7 +45,8 @@ from stare_lightning.rollout.server.transfer import (
     refuse_non_finite,
 )
 
-logger = init_logger(__name__)
+# Under vLLM's logger, whose handler writes to the server's log: how a server takes its weights is said there.
+logger = init_logger(f"vllm.{__name__}")
 _MISSING_SHOWN = 10
 
 
