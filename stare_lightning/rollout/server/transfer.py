@@ -1,4 +1,4 @@
-"""Weight pushes through files, the ``stare_lightning_files`` weight-transfer backend's wire format.
+"""Weight pushes through files, the file half of the ``stare_lightning`` weight-transfer backend's wire format.
 
 The trainer packs its tensors into chunk files in a private directory it holds by descriptor (``write_chunks``,
 ``transfer_dir.py``) and posts each chunk's JSON description (an ``update_info``: file name, tensor names, dtype
