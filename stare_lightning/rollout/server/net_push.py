@@ -14,6 +14,7 @@ group that failed is dropped (a later push, after a resume, builds new ones).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -24,6 +25,8 @@ from stare_lightning.rollout.server.net_group import TRAINER_RANK, TransferGroup
 from stare_lightning.rollout.server.net_wire import NET_INIT_KEY, new_nonce, rendezvous_prefix
 
 __all__ = ["NetworkPush"]
+
+logger = logging.getLogger(__name__)
 
 
 class NetworkPush:
@@ -82,6 +85,12 @@ class NetworkPush:
         futures = [(client, self._drivers.submit(init, client, m)) for m, client in enumerate(self.clients)]
         for client, future in futures:
             self._wait(future, client, "setting up its network weight push")
+        logger.info(
+            "weights go to %d rollout server(s) over the network (gloo, rendezvous at %s:%d)",
+            len(self.clients),
+            self.address,
+            port,
+        )
         return groups  # type: ignore[return-value]
 
     def _round(self, client: ServerClient, group: TransferGroup, chunks, version: str) -> None:
