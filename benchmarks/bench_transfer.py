@@ -12,7 +12,7 @@ overlap: the trainer's packing and digest at this machine's measured rate, the b
 server's digest of what it received at the same rate (the server's load into the model, which files pay too, is
 not counted). It is a floor for one server: gloo over one TCP connection rarely fills such a link.
 
-    python benchmarks/bench_transfer.py                 # about 4 minutes on 2 cores
+    python benchmarks/bench_transfer.py                 # about a minute on 2 quiet cores
     python benchmarks/bench_transfer.py --json out.json
 """
 
