@@ -1,4 +1,5 @@
-"""``rollout=server`` end to end, with real vLLM server processes: the same steps as the colocated engine;
+"""``rollout=server`` end to end, with real vLLM server processes: the same steps as the colocated engine, with the
+weights pushed through files and over the network;
 asynchronous steps (``rollout.max_staleness=2``) lagging by exactly their bound and equal over one rank and two (with
 two servers); a server that dies mid-run ending the run with one line, its checkpoint intact and resumable (the
 resumed run pushes its weights to a fresh server before sampling); servers started elsewhere with ``serve``."""
@@ -227,3 +228,18 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
         printed.append(server.communicate(timeout=120)[0])
     assert token not in "".join(printed)  # serve's output, which logs keep, never holds the token
     assert not _server_pids(tmp_path / "node" / "servers")
+
+
+@SHARES_THE_REFERENCE
+def test_a_fit_pushing_over_the_network_takes_the_colocated_fits_steps(colocated, tmp_path, model_cache):
+    """``rollout.server.transfer=network``: the launched server on loopback TCP gets every version over its own gloo
+    group, not through files, and samples what the colocated engine samples."""
+    run = tmp_path / "network"
+    network = ["rollout=server", "rollout.server.host=127.0.0.1", "rollout.server.transfer=network"]
+    proc = run_cli(["fit", f"output_dir={run}", *ONE_PROCESS, *DUMP, *network], model_cache, cwd=tmp_path)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    assert "weights go to 1 rollout server(s) over the network (gloo, rendezvous at 127.0.0.1:" in out
+    _assert_same_steps(colocated, run)
+    assert _samples(run) == _samples(colocated) and _samples(run)
+    assert all(r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in train_rows(read_metrics(run)).values())

@@ -170,7 +170,7 @@ def test_plugin_is_installed_and_registers_once():
     assert entry.load() is register
     register()
     register()  # vLLM loads plugins more than once per process family
-    assert WeightTransferEngineFactory._registry[BACKEND]().__name__ == "FileWeightTransferEngine"
+    assert WeightTransferEngineFactory._registry[BACKEND]().__name__ == "CheckedWeightTransferEngine"
 
 
 # ---- launching ----
@@ -634,3 +634,96 @@ def test_a_server_started_without_runtime_lora_is_named_with_the_fix(server, tmp
     with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING") as info:
         client.load_adapter("policy-v1", str(tmp_path))
     assert str(tmp_path) in str(info.value) and "HTTP 40" in str(info.value)  # the path and the server's answer
+
+
+# ---- the network transfer, on the same server ----
+
+
+def _network_engine(url: str):
+    """The trainer's side with ``rollout.server.transfer=network``: its own rendezvous on loopback."""
+    from stare_lightning.rollout.server.client import ServerClient
+    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.net_push import NetworkPush
+
+    client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
+    network = NetworkPush([client], token=TOKEN, address="127.0.0.1", port=0, timeout=HTTP_TIMEOUT_S)
+    return ServerRolloutEngine([client], chunk_bytes=100_000, network=network)
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_network_push_serves_the_pushed_weights_and_bytes_not_the_trainers_are_refused(server, tiny_dir):
+    """A round whose bytes differ from those its digest covers (bytes injected on the wire), or whose digest was made
+    without the run's secret, is refused at its first chunk: the server keeps its weights. The control: the same
+    round untouched is served."""
+    from stare_lightning.rollout.server.client import RolloutServerError
+    from stare_lightning.rollout.server.net_wire import pack_chunks
+
+    url, directory = server
+    engine = _network_engine(url)
+    try:
+        model = _perturbed(tiny_dir, seed=21)
+        engine.sync_weights(model)
+        assert _ok(url, "/weight_info") == {"weight_version": "push-1"} and engine.last_sync_bytes > 0
+        ids, served = _generate(url)
+        assert (served.double() - _hf_logprobs(model, ids)).abs().max() < 1e-5
+        assert not list(directory.iterdir())  # nothing went through files
+
+        other = _named(_perturbed(tiny_dir, seed=22))
+        injected = list(pack_chunks(other, TOKEN, 100_000))
+        injected[0][1][5] ^= 1  # one bit of the first chunk, after its digest was taken
+        forged = list(pack_chunks(other, "a-stranger-without-the-secret-" + "q" * 10, 100_000))
+        for chunks in (injected, forged):
+            with pytest.raises(RolloutServerError, match=f"{url}.*do not match the digest the trainer sent"):
+                engine.network.push(chunks, "forged")
+            # vLLM closed the round with the refused chunk: finishing it is refused too, the version stays.
+            assert _request(url, "/finish_weight_update", {"weight_version": "forged"})[0] == 500
+            _ok(url, "/resume", method="POST")
+            assert _ok(url, "/weight_info") == {"weight_version": "push-1"}
+            assert _same(_generate(url), (ids, served))
+        engine.network.push(list(pack_chunks(other, TOKEN, 100_000)), "genuine")  # the control (new groups)
+        assert _ok(url, "/weight_info") == {"weight_version": "genuine"}
+        assert not _same(_generate(url), (ids, served))
+    finally:
+        engine.close()
+        _back_to_the_fixture_directory(url, directory)
+
+
+STALL_TIMEOUT_S = 10.0
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_served(server, tiny_dir):
+    """The trainer's bytes stop after the first chunk (a cut link, a trainer gone): the server's receive gives up
+    after the timeout the trainer set, the round is refused, and the server serves its previous version."""
+    import threading
+
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.net_push import NetworkPush
+    from stare_lightning.rollout.server.net_wire import pack_chunks
+
+    url, directory = server
+    client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
+    network = NetworkPush([client], token=TOKEN, address="127.0.0.1", port=0, timeout=STALL_TIMEOUT_S)
+    try:
+        network.push(list(pack_chunks(_named(_perturbed(tiny_dir, seed=31)), TOKEN, 100_000)), "whole")
+        ids, served = _generate(url)
+        chunks = list(pack_chunks(_named(_perturbed(tiny_dir, seed=32)), TOKEN, 100_000))
+        assert len(chunks) > 2
+        (group,) = network._groups
+        client.begin_push()
+        first = threading.Thread(target=group.send, args=(chunks[0][1],), daemon=True)
+        first.start()
+        client.send_chunk(chunks[0][0])
+        start = time.monotonic()
+        with pytest.raises(RolloutServerError, match=f"{url} refused .*receiving a weight chunk from the trainer"):
+            client.send_chunk(chunks[1][0])  # its bytes never come
+        assert time.monotonic() - start < STALL_TIMEOUT_S + 30
+        assert _request(url, "/finish_weight_update", {"weight_version": "partial"})[0] == 500
+        _ok(url, "/resume", method="POST")
+        assert _ok(url, "/weight_info") == {"weight_version": "whole"}
+        assert _same(_generate(url), (ids, served))
+    finally:
+        network.close()
+        _back_to_the_fixture_directory(url, directory)

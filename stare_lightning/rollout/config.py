@@ -19,6 +19,8 @@ from stare_lightning.rollout.backends import RolloutBackend, backend_choices, de
 from stare_lightning.rollout.base import SamplingParams
 
 LORA_SYNC_MODES = ("auto", "adapter", "merged")
+# rollout.server.transfer: how a push's weights reach the servers (rollout/server/placement.py picks for auto).
+TRANSFER_MODES = ("auto", "files", "network")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # rollout.max_staleness's ceiling. Rank 0 keeps a full host copy of the weights for every version the producer may
@@ -91,6 +93,15 @@ class ServerConfig:
     transfer_dir: str | None = None
     """Where a push's chunk files go, a directory the servers read too: null is /dev/shm (servers on the trainer's
     host); for servers on other nodes, a directory on a file system every node mounts."""
+    transfer: str = "auto"
+    """How a push's weights reach the servers: `files` (chunk files in transfer_dir), `network` (trainer rank 0
+    sends them to each server over a process group of its own, bound to the run's secret), or `auto`: the network
+    when a server in urls is on another host and transfer_dir is unset, else files."""
+    transfer_address: str | None = None
+    """With the network transfer: this host's address the servers reach it at; null: the one on the route to the
+    first server."""
+    transfer_port: int = 0
+    """With the network transfer: the port of the trainer's rendezvous store; 0: a free one."""
 
     def check(self, backend: str) -> None:
         p = "rollout.server."
@@ -100,6 +111,7 @@ class ServerConfig:
         number(f"{p}startup_timeout", self.startup_timeout, low=0.0, low_open=True)
         number(f"{p}request_timeout", self.request_timeout, low=0.0, low_open=True)
         number(f"{p}chunk_mb", self.chunk_mb, low=1, integer=True)
+        self._check_transfer()
         if self.gpu_memory_utilization is not None:
             number(f"{p}gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, high=1.0, low_open=True)
         if not isinstance(self.token_env, str) or not self.token_env.isidentifier():
@@ -151,6 +163,26 @@ class ServerConfig:
                 raise ValueError(
                     f"{p}{key} has {len(getattr(self, key))} entries for {p}count={self.count}: give one per server"
                 )
+
+    def _check_transfer(self) -> None:
+        p = "rollout.server."
+        choice(f"{p}transfer", self.transfer, TRANSFER_MODES)
+        number(f"{p}transfer_port", self.transfer_port, low=0, high=65535, integer=True)
+        address = self.transfer_address
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"{p}transfer_address={self.transfer_address!r} is not allowed: a host address or null")
+        if self.transfer == "files":
+            for key, default in (("transfer_address", None), ("transfer_port", 0)):
+                if getattr(self, key) != default:
+                    raise ValueError(
+                        f"{p}{key} does nothing with {p}transfer=files: it places the network transfer's "
+                        f"rendezvous; set {p}transfer=network (or auto) to push over the network"
+                    )
+        if self.transfer == "network" and self.transfer_dir is not None:
+            raise ValueError(
+                f"{p}transfer_dir does nothing with {p}transfer=network: the weights go over the network, not "
+                f"through files; drop it, or set {p}transfer=files"
+            )
 
     def server_count(self) -> int:
         return self.count if self.launch else len(self.urls)

@@ -26,6 +26,7 @@ def connect_servers(
     launched, urls, token, problem = None, list(server.urls), os.environ.get(server.token_env), None
     if server.transfer_dir is not None:
         check_transfer_base(server.transfer_dir)
+    over_network = _over_network(server, adapters)  # refused before any server starts
     if server.launch:
         if token is not None:
             check_token(token, f"${server.token_env}")
@@ -49,6 +50,7 @@ def connect_servers(
         raise
     # Rank 0's: every rank must name the adapters the same way.
     run_tag = distributed.all_gather_objects(f"run{secrets.token_hex(4)}")[0]
+    network = _network_push(server, clients, token) if over_network and distributed.rank() == 0 else None
     return ServerRolloutEngine(
         clients,
         chunk_bytes=server.chunk_mb << 20,
@@ -56,7 +58,39 @@ def connect_servers(
         transfer_dir=server.transfer_dir,
         adapters=adapters,
         run_tag=run_tag,
+        network=network,
     )
+
+
+def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
+    """Whether ``rollout.server.transfer`` resolves to the network (``placement.py``). Every rank decides, so a
+    refusal stops every rank, not rank 0 alone while the others wait for it."""
+    from stare_lightning.rollout.server.placement import transfer_mode
+
+    if transfer_mode(server) != "network":
+        return False
+    if adapters is not None:
+        raise RolloutServerError(
+            "rollout.lora_sync=adapter loads adapters from a directory the servers read, and "
+            "rollout.server.transfer resolved to network (a server on another host, or transfer=network): set "
+            "rollout.lora_sync=merged to push merged weights over the network, or rollout.server.transfer=files with "
+            "a rollout.server.transfer_dir every node mounts"
+        )
+    return True
+
+
+def _network_push(server: ServerConfig, clients: list[ServerClient], token: str | None):
+    """Rank 0's side of the network transfer."""
+    from stare_lightning.rollout.server.net_push import NetworkPush
+    from stare_lightning.rollout.server.placement import network_address
+
+    if not token:  # a launched server always has one; servers reached by URL and no credential fail before this
+        raise RolloutServerError(
+            f"the network weight push binds its rendezvous to the servers' secret: set ${server.token_env}"
+        )
+
+    address = network_address(server, [client.url for client in clients])
+    return NetworkPush(clients, token=token, address=address, port=server.transfer_port, timeout=server.request_timeout)
 
 
 def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> ServerRolloutEngine:

@@ -80,6 +80,7 @@ class ServerRolloutEngine:
         transfer_dir: str | None = None,
         adapters: AdapterSync | None = None,
         run_tag: str = "run",
+        network=None,
     ) -> None:
         if not clients:
             raise ValueError("ServerRolloutEngine needs at least one server")
@@ -90,6 +91,7 @@ class ServerRolloutEngine:
         self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
         self.last_sync_bytes = 0
         self.transfer_under = transfer_dir
+        self.network = network  # a net_push.NetworkPush (rollout.server.transfer=network), else None: files
         self.version: str | None = None  # the weights every server holds (None: the checkpoint it started from)
         self.pushes = 0
         self.last_sync_seconds = 0.0
@@ -189,6 +191,8 @@ class ServerRolloutEngine:
         version = version or f"push-{self.pushes}"
         if self.adapters is not None:
             return self._load_adapter(weights, version)
+        if self.network is not None:
+            return self._push_network(weights, version)
         directory = self._directory()
         try:
             directory.check_in_place()
@@ -203,6 +207,22 @@ class ServerRolloutEngine:
         finally:
             directory.clear()
         self.last_sync_bytes = sum(sum(chunk["tensor_sizes"]) for chunk in chunks)
+        self.version = version
+        return version
+
+    def _push_network(self, weights, version: str) -> str:
+        """The round over the network (``net_push.py``): every chunk packed, and its digest taken, before a server is
+        paused, as with files."""
+        from stare_lightning.rollout.server.net_wire import pack_chunks
+
+        with torch.no_grad():
+            chunks = list(pack_chunks(weights, self.network.token, self.chunk_bytes))
+        try:
+            self.network.push(chunks, version)
+        except RolloutServerError as error:  # a launched server that died says so, with its log
+            named = [client.url for client in self.clients if client.url in str(error)]
+            raise RolloutServerError(f"{error}{self._exit_note(named[0]) if named else ''}") from None
+        self.last_sync_bytes = sum(buffer.numel() for _, buffer in chunks)
         self.version = version
         return version
 
@@ -275,6 +295,8 @@ class ServerRolloutEngine:
     def close(self) -> None:
         self._unload_adapters()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.network is not None:
+            self.network.close()
         if self._transfer_dir is not None:
             self._transfer_dir.remove()
             self._transfer_dir = None

@@ -1,4 +1,4 @@
-"""vLLM's ``vllm.general_plugins`` entry point: registers the ``stare_lightning_files`` weight-transfer backend.
+"""vLLM's ``vllm.general_plugins`` entry point: registers the ``stare_lightning`` weight-transfer backend.
 
 vLLM calls ``register`` in each of its processes (API server, engine core, workers), possibly more than once, so
 it registers only when the name is free. The backend's module is imported only when a worker creates the engine.
@@ -14,5 +14,5 @@ def register() -> None:
 
     if BACKEND not in WeightTransferEngineFactory._registry:  # re-registering a name raises
         WeightTransferEngineFactory.register_engine(
-            BACKEND, "stare_lightning.rollout.server.transfer_engine", "FileWeightTransferEngine"
+            BACKEND, "stare_lightning.rollout.server.transfer_engine", "CheckedWeightTransferEngine"
         )

@@ -1,4 +1,4 @@
-"""Weight pushes through files, the ``stare_lightning_files`` weight-transfer backend's wire format.
+"""Weight pushes through files, the file half of the ``stare_lightning`` weight-transfer backend's wire format.
 
 The trainer packs its tensors into chunk files in a private directory it holds by descriptor (``write_chunks``,
 ``transfer_dir.py``) and posts each chunk's JSON description (an ``update_info``: file name, tensor names, dtype
@@ -28,15 +28,19 @@ __all__ = [
     "DTYPES",
     "ChunkSpec",
     "TransferRefused",
+    "check_wire_dtype",
     "checkpoint_shapes",
     "parse_chunk",
+    "parse_tensor_lists",
+    "refuse_non_finite",
     "write_chunks",
 ]
 
 # The name the server's backend is registered under (``--weight-transfer-config '{"backend": BACKEND}'``).
-BACKEND = "stare_lightning_files"
+BACKEND = "stare_lightning"
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-UPDATE_INFO_KEYS = ("file", "names", "dtype_names", "shapes", "tensor_sizes")
+TENSOR_LIST_KEYS = ("names", "dtype_names", "shapes", "tensor_sizes")
+UPDATE_INFO_KEYS = ("file", *TENSOR_LIST_KEYS)
 
 # A chunk file is a plain name inside the transfer directory: no separators, no leading dot ("." and ".." too).
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -97,10 +101,14 @@ def write_chunks(
         yield _write_chunk(directory, index, pending)
 
 
-def _wire_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+def check_wire_dtype(name: str, tensor: torch.Tensor) -> None:
     dtype_name = str(tensor.dtype).removeprefix("torch.")
     if dtype_name not in DTYPES:
         raise ValueError(f"weight {name!r} has dtype {dtype_name}; a weight push carries only {sorted(DTYPES)}")
+
+
+def _wire_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    check_wire_dtype(name, tensor)
     # A copy: the file is written through a numpy view, which marks the storage it views non-resizable, and an
     # FSDP2 parameter held unsharded (the root's, after its forward) must stay resizable for FSDP to free it.
     return tensor.detach().to("cpu", copy=True).contiguous()
@@ -120,24 +128,41 @@ def _write_chunk(directory: ChunkDirectory, index: int, tensors: list[tuple[str,
     }
 
 
+def refuse_non_finite(tensor: torch.Tensor, name: str, where: str) -> None:
+    """A tensor holding NaN or inf is refused before it is staged: served, it would sample garbage under the new
+    version and leave non-finite values in reused KV-cache blocks."""
+    finite = torch.isfinite(tensor)
+    if not bool(finite.all()):
+        raise TransferRefused(
+            f"{where}: tensor {name!r} holds {int(finite.numel() - finite.sum())} non-finite values (NaN or inf); "
+            "the model keeps its weights"
+        )
+
+
 def parse_chunk(update_info: object) -> ChunkSpec:
     """Check a chunk description on its own (types, names, dtypes, shapes against byte sizes); raise
     ``TransferRefused`` naming the first problem. The file and the model are checked by the caller."""
     if not isinstance(update_info, dict):
         raise TransferRefused(f"update_info must be a JSON object, got {type(update_info).__name__}")
-    keys = set(update_info)
-    if keys != set(UPDATE_INFO_KEYS):
-        raise TransferRefused(
-            f"update_info has keys {sorted(keys)}; expected exactly {list(UPDATE_INFO_KEYS)}"
-            + (f" (unknown: {sorted(keys - set(UPDATE_INFO_KEYS))})" if keys - set(UPDATE_INFO_KEYS) else "")
-        )
-    file = update_info["file"]
+    file = update_info.get("file")
     if not isinstance(file, str) or not _FILE_NAME.fullmatch(file):
         raise TransferRefused(
             f"update_info.file {file!r} is not a plain file name (letters, digits, '.', '_', '-'; no '/', no "
             "leading '.')"
         )
-    lists = {key: update_info[key] for key in UPDATE_INFO_KEYS[1:]}
+    return parse_tensor_lists(update_info, UPDATE_INFO_KEYS, file)
+
+
+def parse_tensor_lists(update_info: dict, allowed_keys: tuple[str, ...], file: str) -> ChunkSpec:
+    """The tensor lists of a chunk description whose keys must be exactly ``allowed_keys`` (the file backend's, or
+    the network's in ``net_wire.py``)."""
+    keys = set(update_info)
+    if keys != set(allowed_keys):
+        raise TransferRefused(
+            f"update_info has keys {sorted(keys)}; expected exactly {list(allowed_keys)}"
+            + (f" (unknown: {sorted(keys - set(allowed_keys))})" if keys - set(allowed_keys) else "")
+        )
+    lists = {key: update_info[key] for key in TENSOR_LIST_KEYS}
     for key, value in lists.items():
         if not isinstance(value, list):
             raise TransferRefused(f"update_info.{key} must be a list, got {type(value).__name__}")

@@ -1,5 +1,7 @@
-"""The server side of the ``stare_lightning_files`` weight-transfer backend: a vLLM ``WeightTransferEngine`` that
-reads chunk files described in ``transfer.py`` and applies a whole round at once.
+"""The server side of the ``stare_lightning`` weight-transfer backend: a vLLM ``WeightTransferEngine`` that takes
+each chunk of a round either from a file (``transfer.py``, ``init_info = {"directory": ...}``) or from the trainer
+over the network (``net_receive.py``, ``init_info = {"network": {...}}``), and applies a whole round at once. The
+trainer picks the transfer at its init request, so a server started by ``serve`` serves either.
 
 A round is atomic. ``update_weights`` checks each chunk (its description, the file, every tensor's name and shape
 against the served checkpoint) and stages copies of its tensors; only ``finish_weight_update`` touches the model,
@@ -40,15 +42,18 @@ from stare_lightning.rollout.server.transfer import (
     TransferRefused,
     checkpoint_shapes,
     parse_chunk,
+    refuse_non_finite,
 )
 
-logger = init_logger(__name__)
+# Under vLLM's logger, whose handler writes to the server's log: how a server takes its weights is said there.
+logger = init_logger(f"vllm.{__name__}")
 _MISSING_SHOWN = 10
 
 
 @dataclass
-class FileInitInfo(WeightTransferInitInfo):
-    directory: str
+class TransferInitInfo(WeightTransferInitInfo):
+    directory: str | None = None
+    network: dict | None = None  # net_receive.INIT_KEYS
 
 
 @dataclass
@@ -60,8 +65,8 @@ class FileUpdateInfo(WeightTransferUpdateInfo):
     tensor_sizes: list[int] = field(default_factory=list)
 
 
-class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo]):
-    init_info_cls = FileInitInfo
+class CheckedWeightTransferEngine(WeightTransferEngine[TransferInitInfo, FileUpdateInfo]):
+    init_info_cls = TransferInitInfo
     update_info_cls = FileUpdateInfo
     supports_draft_weight_update = False
 
@@ -69,14 +74,20 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self._directory: str | None = None
         self._directory_fd: int | None = None
+        self._receiver = None  # a net_receive.NetworkReceiver once a network init succeeded
         self._expected: dict[str, tuple[int, ...]] | None = None
         self._staged: dict[str, torch.Tensor] = {}
         self._round_refused = False
         self._broken: str | None = None
 
-    def init_transfer_engine(self, init_info: FileInitInfo) -> None:
+    def init_transfer_engine(self, init_info: TransferInitInfo) -> None:
         if self._staged:
             raise TransferRefused("init_weight_transfer_engine during a weight update: finish the round first")
+        if (init_info.directory is None) == (init_info.network is None):
+            raise TransferRefused("init_info names exactly one of 'directory' (files) and 'network'")
+        if init_info.network is not None:
+            self._init_network(init_info.network)
+            return
         directory = init_info.directory
         if not isinstance(directory, str) or not os.path.isabs(directory):
             raise TransferRefused(f"init_info.directory must be an absolute path, got {directory!r}")
@@ -103,20 +114,41 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
             os.close(fd)
             raise
         self._close_directory()
+        self._receiver = None
         self._directory, self._directory_fd, self._expected = directory, fd, expected
         logger.info("Weight pushes read chunk files from %s (%d checkpoint tensors)", directory, len(expected))
+
+    def _init_network(self, init: object) -> None:
+        from stare_lightning.rollout.server.net_receive import NetworkReceiver
+
+        if self.parallel_config.world_size > 1 or self.parallel_config.data_parallel_size > 1:
+            raise TransferRefused(
+                "a network weight push reaches one worker per server; this server runs "
+                f"{self.parallel_config.world_size} per engine and {self.parallel_config.data_parallel_size} engines "
+                "(tensor, pipeline or data parallel): push through files (rollout.server.transfer=files)"
+            )
+        expected = self._expected if self._expected is not None else checkpoint_shapes(self.model_config.model)
+        receiver = NetworkReceiver(init)  # blocks until the trainer's side has joined too
+        self._close_directory()
+        self._receiver, self._expected = receiver, expected
+        logger.info("Weight pushes come over the network from %s (%d tensors)", receiver.where, len(expected))
 
     def start_weight_update(self) -> None:
         if self._broken:
             raise RuntimeError(self._broken)
-        if self._directory_fd is None:
+        if self._directory_fd is None and self._receiver is None:
             raise TransferRefused("start_weight_update before init_weight_transfer_engine")
         self._staged, self._round_refused = {}, False
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class also synchronizes the accelerator, which raises where there is none (CPU).
         try:
-            self._stage(self._checked(parse_chunk(update_info)))
+            if self._receiver is not None:
+                spec, tensors = self._receiver.receive(update_info)
+                self._checked(spec)
+                self._staged.update(tensors)
+            else:
+                self._stage(self._checked(parse_chunk(update_info)))
         except BaseException:
             self._staged = {}  # vLLM ends the round on a failed update: nothing of it may reach the model
             raise
@@ -145,11 +177,12 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
 
     def shutdown(self) -> None:
         self._staged = {}
+        self._receiver = None
         self._close_directory()
 
     def _checked(self, chunk: ChunkSpec) -> ChunkSpec:
         """The chunk's tensors against the checkpoint and this round's earlier chunks."""
-        if self._directory_fd is None or self._expected is None:
+        if (self._directory_fd is None and self._receiver is None) or self._expected is None:
             raise TransferRefused("update_weights before init_weight_transfer_engine")
         for name, shape in zip(chunk.names, chunk.shapes):
             if name not in self._expected:
@@ -191,12 +224,7 @@ class FileWeightTransferEngine(WeightTransferEngine[FileInitInfo, FileUpdateInfo
             for name, dtype, shape in zip(chunk.names, chunk.dtype_names, chunk.shapes):
                 tensor = torch.empty(shape, dtype=DTYPES[dtype])
                 _read_exactly(stream, tensor.reshape(-1).view(torch.uint8).numpy(), chunk.file)
-                finite = torch.isfinite(tensor)
-                if not bool(finite.all()):
-                    raise TransferRefused(
-                        f"chunk file {chunk.file!r}: tensor {name!r} holds {int(finite.numel() - finite.sum())} "
-                        "non-finite values (NaN or inf); the model keeps its weights"
-                    )
+                refuse_non_finite(tensor, name, f"chunk file {chunk.file!r}")
                 staged[name] = tensor
         self._staged.update(staged)
 
