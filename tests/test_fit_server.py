@@ -198,3 +198,38 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
         printed.append(server.communicate(timeout=120)[0])
     assert token not in "".join(printed)  # serve's output, which logs keep, never holds the token
     assert not _server_pids(tmp_path / "node" / "servers")
+
+
+def _wait_for_a_server(log_dir: Path, serve: subprocess.Popen, timeout: float = 300) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and serve.poll() is None:
+        pids = _server_pids(log_dir) if log_dir.is_dir() else []
+        if pids:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"serve started no server within {timeout:g} s (exit code {serve.poll()})")
+
+
+@FAULTS
+def test_serve_stopped_while_its_server_starts_leaves_no_server_behind(tmp_path, model_cache):
+    """SIGTERM at any moment stops serve's servers: here while its server is still starting (its process is there,
+    it does not answer yet). The control: serve ended at that moment without its cleanup (SIGKILL, which is what
+    SIGTERM did before serve installed its handlers, after the launch) leaves its server running, orphaned."""
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache}
+    for signum in (signal.SIGKILL, signal.SIGTERM):
+        node = tmp_path / signum.name
+        command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={node}"]
+        serve = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            started = _wait_for_a_server(node / "servers", serve)
+            serve.send_signal(signum)
+            serve.communicate(timeout=120)
+            left = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+        finally:
+            serve.kill()
+            for pid in _server_pids(node / "servers"):
+                os.killpg(pid, signal.SIGKILL)  # the control's orphan (its own process group)
+        if signum == signal.SIGKILL:
+            assert left, "the control: a serve ended without cleanup leaves its server"
+        else:
+            assert serve.returncode == 0 and not left

@@ -3,7 +3,9 @@ its weight-transfer backend and token guard configured, ready once ``GET /health
 
 A server listens on TCP (``host``, ``port``) or, for servers only the trainer on this host talks to, on a Unix socket
 (``uds``, vLLM's ``--uds``) in a directory of mode 0700: the kernel then keeps every other local user off it (the
-stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections)."""
+stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections).
+Logs are opened relative to the checked run folder, never through a link (``run_folder.py``).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.server import http
 from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.transfer import BACKEND
+from stare_lightning.run_folder import RunFolder
 
 __all__ = ["LaunchedServers", "ServerSpec", "ServerStartError", "free_ports"]
 
@@ -111,6 +114,7 @@ class LaunchedServers:
         self.adapters = adapters  # LoRA adapters loaded at run time (rollout.lora_sync=adapter), or None
         self.urls: list[str] = [spec.url for spec in self.specs]
         self._processes: dict[str, subprocess.Popen] = {}
+        self._logs: RunFolder | None = None
 
     def __enter__(self) -> LaunchedServers:
         self.start()
@@ -164,7 +168,9 @@ class LaunchedServers:
         ``ServerStartError``."""
         if self._processes:
             raise RuntimeError("these servers are already started")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Checked before anything is written: the run's folder and its log folder are this user's alone.
+        with RunFolder(self.log_dir.parent) as parent:
+            self._logs = parent.folder(self.log_dir.name)
         atexit.register(self.stop)
         try:
             for spec, url in zip(self.specs, self.urls):
@@ -192,6 +198,9 @@ class LaunchedServers:
             process.wait()
         if self.socket_dir is not None and not self._processes:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self._logs is not None:
+            self._logs.close()
+            self._logs = None
 
     def dead(self) -> list[tuple[str, int]]:
         """``(url, returncode)`` of each started server whose process has exited."""
@@ -211,7 +220,7 @@ class LaunchedServers:
 
     def _spawn(self, spec: ServerSpec, url: str) -> subprocess.Popen:
         cpus = _parse_cpus(spec.cpus) if spec.cpus is not None else None
-        with open(self.log_path(url), "ab") as log:
+        with self._logs.append(self.log_path(url).name) as log:
             log.write(f"# rollout server {url}\n".encode())  # which server this log is (a socket's name says little)
             log.flush()
             return subprocess.Popen(
@@ -244,7 +253,10 @@ class LaunchedServers:
     def _failure(self, url: str, why: str) -> str:
         log = self.log_path(url)
         try:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+            with open(
+                os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), errors="replace"
+            ) as text:  # never through a link
+                tail = "\n".join(text.read().splitlines()[-_LOG_TAIL_LINES:])
         except OSError as err:
             tail = f"(the log cannot be read: {err})"
         return f"rollout server {url} did not start: {why}; log {log}, last lines:\n{tail}"
