@@ -3,8 +3,9 @@ its weight-transfer backend and token guard configured, ready once ``GET /health
 
 A server listens on TCP (``host``, ``port``) or, for servers only the trainer on this host talks to, on a Unix socket
 (``uds``, vLLM's ``--uds``) in a directory of mode 0700: the kernel then keeps every other local user off it (the
-stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections).
-Logs are opened relative to the checked run folder, never through a link (``run_folder.py``).
+stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections). Such a
+server runs in a network namespace of its own (``private_net.py``), so its engine's internal TCP ports are out of
+other users' reach too. Logs are opened relative to the checked run folder, never through a link (``run_folder.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lightning.rollout.adapters import AdapterSync
-from stare_lightning.rollout.server import http
+from stare_lightning.rollout.server import http, private_net
 from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.transfer import BACKEND
 from stare_lightning.run_folder import RunFolder
@@ -220,8 +221,12 @@ class LaunchedServers:
 
     def _spawn(self, spec: ServerSpec, url: str) -> subprocess.Popen:
         cpus = _parse_cpus(spec.cpus) if spec.cpus is not None else None
+        # A server on a Unix socket needs no network: its engine's TCP ports go into a namespace of its own.
+        why_not = private_net.available() if spec.uds is not None else "it listens on TCP"
         with self._logs.append(self.log_path(url).name) as log:
             log.write(f"# rollout server {url}\n".encode())  # which server this log is (a socket's name says little)
+            if why_not is not None:
+                log.write(f"# its engine's TCP ports are on the host's network ({why_not})\n".encode())
             log.flush()
             return subprocess.Popen(
                 self.command(spec),
@@ -230,7 +235,7 @@ class LaunchedServers:
                 stderr=subprocess.STDOUT,
                 env=self.environment(spec),
                 start_new_session=True,  # its own process group: stop() reaches the engine and worker processes
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
+                preexec_fn=private_net.preexec(why_not is None, cpus),
             )
 
     def _wait_healthy(self) -> None:
