@@ -125,12 +125,16 @@ def _read(folder: int, path: str, name: str) -> bytes:
         fd = os.open(name, _FILE_FLAGS, dir_fd=folder)
     except OSError as err:
         raise AdapterRefused(f"adapter file {name} in {path} cannot be opened as a file: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as stream:
+    try:  # checked on the descriptor: a stream would refuse a directory naming the descriptor, not the file
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise AdapterRefused(f"adapter file {name} in {path} is not a regular file")
         _check_owned(f"{path}/{name}", status, "adapter file")
         os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as stream:
         return stream.read()
 
 
