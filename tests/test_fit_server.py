@@ -214,22 +214,32 @@ def _wait_for_a_server(log_dir: Path, serve: subprocess.Popen, timeout: float = 
 def test_serve_stopped_while_its_server_starts_leaves_no_server_behind(tmp_path, model_cache):
     """SIGTERM at any moment stops serve's servers: here while its server is still starting (its process is there,
     it does not answer yet). The control: serve ended at that moment without its cleanup (SIGKILL, which is what
-    SIGTERM did before serve installed its handlers, after the launch) leaves its server running, orphaned."""
+    SIGTERM did before serve installs its handlers, after the launch) leaves its server running, orphaned. Both
+    serves start together."""
     env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache}
-    for signum in (signal.SIGKILL, signal.SIGTERM):
-        node = tmp_path / signum.name
-        command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={node}"]
-        serve = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            started = _wait_for_a_server(node / "servers", serve)
+    serves, left = {}, {}
+    try:
+        for signum in (signal.SIGKILL, signal.SIGTERM):
+            node = tmp_path / signum.name
+            # No cold start: the moment that matters is the server's start, not the model's preparation.
+            overrides = ["rollout=server", f"output_dir={node}", "model.cold_start.steps=0"]
+            with open(tmp_path / f"{signum.name}.out", "wb") as out:  # a pipe nobody read would fill and stop serve
+                serves[signum] = subprocess.Popen(
+                    [sys.executable, "-m", "stare_lightning", "serve", *overrides],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+        for signum, serve in serves.items():
+            started = _wait_for_a_server(tmp_path / signum.name / "servers", serve)
             serve.send_signal(signum)
-            serve.communicate(timeout=120)
-            left = [pid for pid in started if Path(f"/proc/{pid}").exists()]
-        finally:
+            serve.wait(timeout=120)
+            left[signum] = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    finally:
+        for signum, serve in serves.items():
             serve.kill()
-            for pid in _server_pids(node / "servers"):
+            for pid in _server_pids(tmp_path / signum.name / "servers"):
                 os.killpg(pid, signal.SIGKILL)  # the control's orphan (its own process group)
-        if signum == signal.SIGKILL:
-            assert left, "the control: a serve ended without cleanup leaves its server"
-        else:
-            assert serve.returncode == 0 and not left
+    assert left[signal.SIGKILL], "the control: a serve ended without its cleanup leaves its server"
+    assert serves[signal.SIGTERM].returncode == 0 and not left[signal.SIGTERM]
