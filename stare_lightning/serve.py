@@ -12,6 +12,11 @@ variable ``rollout.server.token_env`` names), the trainer's too; one shorter tha
 before anything starts. On this host only (a Unix socket, loopback) a fresh one is made when the variable is unset
 and written to ``<output_dir>/server-token`` (mode 0600), whose path is printed: logs are often readable by others,
 so the token itself is never printed. Servers that listen on a network refuse to start without one set.
+
+The run folder: an ``output_dir`` (or its ``servers/`` folder) owned by another user, or writable by others without
+the sticky bit, is refused in one line before anything is written there; the token and the logs are created relative
+to the checked folder, never through a link (``run_folder.py``). SIGINT and SIGTERM stop the servers from before the
+first one is started, so a signal while one is still starting stops it too.
 """
 
 from __future__ import annotations

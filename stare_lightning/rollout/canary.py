@@ -56,8 +56,9 @@ class LogprobCanary:
         *,
         judge: bool = True,
     ) -> dict[str, float]:
-        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out (``NonFiniteLogprobs`` at once, on NaN or inf). With
-        ``judge=False`` the step is measured only: it neither counts as a strike nor clears the strikes."""
+        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out (and
+        ``NonFiniteLogprobs`` at once on NaN or inf). With ``judge=False`` the step is measured only: it neither
+        counts as a strike nor clears the strikes."""
         if engine_logprobs.shape != trainer_logprobs.shape:
             raise ValueError(
                 f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}"
