@@ -87,21 +87,32 @@ def test_a_relative_path_and_a_link_at_the_directory_are_refused(tmp_path):
         checked_adapter_files("good")
 
 
-def test_the_engine_loads_a_private_copy_of_the_checked_bytes_which_an_unload_removes(tmp_path):
+def test_the_engine_loads_a_private_copy_of_the_checked_bytes_kept_while_it_serves_it(tmp_path):
     good = _adapter(tmp_path / "good")
     adapters = CheckedAdapters()
-    try:
-        body = json.dumps({"lora_name": "v1", "lora_path": str(good), "load_inplace": False}).encode()
+
+    def load(name: str) -> Path:
+        body = json.dumps({"lora_name": name, "lora_path": str(good), "load_inplace": False}).encode()
         request = json.loads(rewritten_load(body, adapters))
-        copy = Path(request["lora_path"])
-        assert request["lora_name"] == "v1" and request["load_inplace"] is False and copy != good
-        assert oct(copy.stat().st_mode & 0o777) == "0o700" and oct(copy.parent.stat().st_mode & 0o777) == "0o700"
+        assert request["lora_name"] == name and request["load_inplace"] is False
+        return Path(request["lora_path"])
+
+    try:
+        copy = load("v1")
+        assert copy != good and copy.stat().st_mode & 0o777 == copy.parent.stat().st_mode & 0o777 == 0o700
         assert {name: (copy / name).read_bytes() for name in ADAPTER_FILES} == {
             name: (good / name).read_bytes() for name in ADAPTER_FILES
         }
+        adapters.settle("v1", loaded=True)
         # What changes in the trainer's directory afterwards changes nothing in what the engine loads.
         _spoil_with_inf(good)
         assert (copy / WEIGHTS).read_bytes() != (good / WEIGHTS).read_bytes()
+        # A load of the same name the engine refuses leaves the served copy; an unload removes it.
+        _adapter(tmp_path / "again").rename(tmp_path / "swap")
+        good = tmp_path / "swap"
+        refused = load("v1")
+        adapters.settle("v1", loaded=False)
+        assert copy.exists() and not refused.exists()
         adapters.forget("v1")
         assert not copy.exists()
     finally:

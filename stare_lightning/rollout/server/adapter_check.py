@@ -26,7 +26,7 @@ import os
 import secrets
 import stat
 
-__all__ = ["AdapterRefused", "CheckedAdapters", "checked_adapter_files", "rewritten_load", "unloaded_name"]
+__all__ = ["AdapterRefused", "CheckedAdapters", "checked_adapter_files", "adapter_name", "rewritten_load"]
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM reads of a peft adapter
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -56,11 +56,13 @@ def checked_adapter_files(path: str) -> dict[str, bytes]:
 
 
 class CheckedAdapters:
-    """One server's checked copies, by the adapter name they were loaded under."""
+    """One server's checked copies, by the adapter name they were loaded under. A copy made for a load request is
+    pending until the engine has answered: kept if it loaded it, deleted if not."""
 
     def __init__(self) -> None:
         self._directory = None
         self._copies: dict[str, str] = {}
+        self._pending: dict[str, str] = {}
 
     def load(self, name: str, path: str) -> str:
         """Check the adapter in ``path``, copy it privately, and return the copy's path (what the engine loads)."""
@@ -74,21 +76,34 @@ class CheckedAdapters:
             for file, data in files.items():
                 with folder.create(file) as out:
                     out.write(data)
-        previous = self._copies.get(name)
-        self._copies[name] = copy
-        if previous is not None:  # the same name loaded again: the earlier copy is no longer the one served
-            self._directory.delete(previous)
+        self._drop(self._pending.pop(name, None))
+        self._pending[name] = copy
         return str(self._directory.path / copy)
+
+    def settle(self, name: str, loaded: bool) -> None:
+        """The engine answered the load of ``name``: keep its copy (replacing an earlier one) or delete it. A copy
+        the engine refused never replaces the one it serves."""
+        copy = self._pending.pop(name, None)
+        if copy is None:
+            return
+        if not loaded:
+            self._drop(copy)
+            return
+        self._drop(self._copies.get(name))
+        self._copies[name] = copy
 
     def forget(self, name: str) -> None:
         """Delete the copy of the adapter unloaded as ``name`` (nothing if there is none)."""
-        copy = self._copies.pop(name, None)
+        self._drop(self._copies.pop(name, None))
+
+    def _drop(self, copy: str | None) -> None:
         if copy is not None and self._directory is not None:
             self._directory.delete(copy)
 
 
 def rewritten_load(body: bytes, adapters: CheckedAdapters) -> bytes:
-    """A ``load_lora_adapter`` request body with its ``lora_path`` replaced by the checked copy's."""
+    """A ``load_lora_adapter`` request body with its ``lora_path`` replaced by the checked copy's (pending in
+    ``adapters`` until ``settle``)."""
     try:
         request = json.loads(body)
     except json.JSONDecodeError:
@@ -99,8 +114,8 @@ def rewritten_load(body: bytes, adapters: CheckedAdapters) -> bytes:
     return json.dumps(request).encode()
 
 
-def unloaded_name(body: bytes) -> str | None:
-    """The ``lora_name`` an ``unload_lora_adapter`` request names, if it names one."""
+def adapter_name(body: bytes) -> str | None:
+    """The ``lora_name`` a load or unload request names, if it names one."""
     try:
         request = json.loads(body)
     except json.JSONDecodeError:

@@ -108,10 +108,14 @@ class RequireToken:
                 status.append(message["status"])
             await send(message)
 
-        await self.app(_with_length(scope, len(body)), _replay(body, receive), noting_status)
-        name = adapter_check.unloaded_name(body)
-        if route == _UNLOAD and status == [200] and name is not None:
-            self._adapters.forget(name)
+        try:
+            await self.app(_with_length(scope, len(body)), _replay(body, receive), noting_status)
+        finally:
+            name = adapter_check.adapter_name(body)
+            if name is not None and route == _LOAD:
+                self._adapters.settle(name, loaded=status == [200])
+            elif name is not None and status == [200]:
+                self._adapters.forget(name)
 
     def _allowed(self, scope) -> bool:
         if scope["type"] == "http" and (scope.get("method"), scope.get("path")) in _OPEN:
