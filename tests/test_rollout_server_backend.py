@@ -200,6 +200,9 @@ def test_a_server_that_cannot_start_names_its_url_and_log(tmp_path):
     assert f"http://127.0.0.1:{port}" in message and "exited with code" in message
     assert str(tmp_path / f"server-{port}.log") in message and "no-such-model" in message
     assert servers.dead() == []  # stopped
+    # A server on TCP keeps its engine's ports on the host's network (private_net.py), and its log says so.
+    note = (tmp_path / f"server-{port}.log").read_text().splitlines()[1]
+    assert note == "# its engine's TCP ports are on the host's network (it listens on TCP)"
 
 
 def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
