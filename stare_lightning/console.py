@@ -52,6 +52,10 @@ def configure(*, verbose: bool, output_dir: str | os.PathLike) -> Path | None:
     file handler (Hydra's ``<output_dir>/<job>.log``), or ``<output_dir>/stare_lightning.log`` without one.
     """
     global _log_file
+    # Before the first write into it: a folder another user owns or may write is refused (run_folder.py).
+    from stare_lightning.run_folder import RunFolder
+
+    RunFolder(output_dir).close()
     if verbose:
         _log_file = None
         return None

@@ -12,6 +12,11 @@ variable ``rollout.server.token_env`` names), the trainer's too; one shorter tha
 before anything starts. On this host only (a Unix socket, loopback) a fresh one is made when the variable is unset
 and written to ``<output_dir>/server-token`` (mode 0600), whose path is printed: logs are often readable by others,
 so the token itself is never printed. Servers that listen on a network refuse to start without one set.
+
+The run folder: an ``output_dir`` (or its ``servers/`` folder) owned by another user, or writable by others without
+the sticky bit, is refused in one line before anything is written there; the token and the logs are created relative
+to the checked folder, never through a link (``run_folder.py``). SIGINT and SIGTERM stop the servers from before the
+first one is started, so a signal while one is still starting stops it too.
 """
 
 from __future__ import annotations
@@ -19,15 +24,15 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import tempfile
 import time
 from pathlib import Path
 
 from stare_lightning.rollout.backends import ROLLOUT_BACKENDS, SERVER_BACKEND
 from stare_lightning.rollout.config import LOCAL_HOSTS
 from stare_lightning.rollout.server.auth import check_token
+from stare_lightning.run_folder import RunFolder
 
-__all__ = ["serve", "serving_dtype", "write_private"]
+__all__ = ["serve", "serving_dtype"]
 
 
 def serving_dtype(cfg) -> str:
@@ -45,28 +50,7 @@ def serving_dtype(cfg) -> str:
     return cfg.model.dtype
 
 
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` readable by this user only (mode 0600 from its creation: a temporary file in the
-    same directory, renamed over ``path``, so no moment exists where it is readable by others and no link is
-    followed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # mkstemp creates it 0600
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-    return path
-
-
 def serve(cfg) -> None:
-    from stare_lightning.rollout.factory import adapter_sync
-    from stare_lightning.rollout.server.client import RolloutServerError
-    from stare_lightning.rollout.server.connect import launch_servers
-    from stare_lightning.train import prepare_model
-
     server = cfg.rollout.server
     if cfg.rollout.backend != SERVER_BACKEND or not server.launch:
         raise ValueError(
@@ -82,27 +66,55 @@ def serve(cfg) -> None:
         )
     if token is not None:
         check_token(token, f"${server.token_env}")
-    else:
-        token = secrets.token_urlsafe(32)
-        path = write_private(Path(cfg.output_dir) / "server-token", token)
-        print(
-            f"the servers' credential is in {path} (mode 0600): export {server.token_env}=$(cat {path}) where the "
-            "trainer runs",
-            flush=True,
-        )
+    # From here until the servers are stopped, SIGINT and SIGTERM end serve through its cleanup: a signal that comes
+    # while a server is still starting stops it too, instead of leaving it running without its parent.
+    previous = {signum: signal.signal(signum, _stop_serving) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _serve(cfg, token)
+    except _Stopped:
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM: ``serve`` stops its servers and returns."""
+
+
+def _stop_serving(signum, frame) -> None:
+    for other in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the servers' stop short
+        signal.signal(other, signal.SIG_IGN)
+    raise _Stopped(signum)
+
+
+def _serve(cfg, token: str | None) -> None:
+    from stare_lightning.rollout.factory import adapter_sync
+    from stare_lightning.rollout.server.client import RolloutServerError
+    from stare_lightning.rollout.server.connect import launch_servers
+    from stare_lightning.train import prepare_model
+
+    server = cfg.rollout.server
+    with RunFolder(cfg.output_dir) as output_dir:  # checked before anything is written in it
+        if token is None:
+            token = secrets.token_urlsafe(32)
+            path = output_dir.write_private("server-token", token)
+            print(
+                f"the servers' credential is in {path} (mode 0600): export {server.token_env}=$(cat {path}) where "
+                "the trainer runs",
+                flush=True,
+            )
     model_dir = prepare_model(cfg)
     log_dir = Path(cfg.output_dir) / "servers"
     adapters = adapter_sync(cfg.rollout, cfg.model.lora, ROLLOUT_BACKENDS[SERVER_BACKEND])  # a LoRA run's
-    launched = launch_servers(
-        server, str(model_dir), dtype=serving_dtype(cfg), seed=cfg.seed, log_dir=log_dir, token=token,
-        adapters=adapters,
-    )  # fmt: skip
-    stop = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.append(True))
-    print(f"rollout servers: {' '.join(launched.urls)} (model {model_dir}; logs {log_dir})", flush=True)
+    launched = None
     try:
-        while not stop:
+        launched = launch_servers(
+            server, str(model_dir), dtype=serving_dtype(cfg), seed=cfg.seed, log_dir=log_dir, token=token,
+            adapters=adapters,
+        )  # fmt: skip
+        print(f"rollout servers: {' '.join(launched.urls)} (model {model_dir}; logs {log_dir})", flush=True)
+        while True:
             dead = launched.dead()
             if dead:
                 url, code = dead[0]
@@ -111,4 +123,5 @@ def serve(cfg) -> None:
                 )
             time.sleep(1.0)
     finally:
-        launched.stop()
+        if launched is not None:
+            launched.stop()

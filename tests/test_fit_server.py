@@ -243,3 +243,48 @@ def test_a_fit_pushing_over_the_network_takes_the_colocated_fits_steps(colocated
     _assert_same_steps(colocated, run)
     assert _samples(run) == _samples(colocated) and _samples(run)
     assert all(r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in train_rows(read_metrics(run)).values())
+
+
+def _wait_for_a_server(log_dir: Path, serve: subprocess.Popen, timeout: float = 300) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and serve.poll() is None:
+        pids = _server_pids(log_dir) if log_dir.is_dir() else []
+        if pids:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"serve started no server within {timeout:g} s (exit code {serve.poll()})")
+
+
+@FAULTS
+def test_serve_stopped_while_its_server_starts_leaves_no_server_behind(tmp_path, model_cache):
+    """SIGTERM at any moment stops serve's servers: here while its server is still starting (its process is there,
+    it does not answer yet). The control: serve ended at that moment without its cleanup (SIGKILL, which is what
+    SIGTERM did before serve installs its handlers, after the launch) leaves its server running, orphaned. Both
+    serves start together."""
+    env = {**os.environ, "STARE_LIGHTNING_CACHE": model_cache}
+    serves, left = {}, {}
+    try:
+        for signum in (signal.SIGKILL, signal.SIGTERM):
+            node = tmp_path / signum.name
+            # No cold start: the moment that matters is the server's start, not the model's preparation.
+            overrides = ["rollout=server", f"output_dir={node}", "model.cold_start.steps=0"]
+            with open(tmp_path / f"{signum.name}.out", "wb") as out:  # a pipe nobody read would fill and stop serve
+                serves[signum] = subprocess.Popen(
+                    [sys.executable, "-m", "stare_lightning", "serve", *overrides],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+        for signum, serve in serves.items():
+            started = _wait_for_a_server(tmp_path / signum.name / "servers", serve)
+            serve.send_signal(signum)
+            serve.wait(timeout=120)
+            left[signum] = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    finally:
+        for signum, serve in serves.items():
+            serve.kill()
+            for pid in _server_pids(tmp_path / signum.name / "servers"):
+                os.killpg(pid, signal.SIGKILL)  # the control's orphan (its own process group)
+    assert left[signal.SIGKILL], "the control: a serve ended without its cleanup leaves its server"
+    assert serves[signal.SIGTERM].returncode == 0 and not left[signal.SIGTERM]

@@ -21,7 +21,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "stare_lightning"
 # The order is the one the code has, written down: where it reads against intuition, the comment says why.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Imports nothing of the package.
-    ("foundation", ("stare_lightning", "user_errors", "console", "distributed", "allocator", "lazy_exports", "config")),
+    (
+        "foundation",
+        (
+            "stare_lightning",
+            "user_errors",
+            "console",
+            "distributed",
+            "allocator",
+            "lazy_exports",
+            "config",
+            "run_folder",
+        ),
+    ),
     # Self-contained parts: each needs the foundation only.
     ("parts", ("tools", "trainer", "algorithms", "metrics")),
     # STARE for a caller's own loop and for TRL: the algorithms and their telemetry, nothing of this trainer.

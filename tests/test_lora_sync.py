@@ -5,6 +5,8 @@ sync moves the adapters' bytes only; the config refuses what cannot work."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import stat
 import tempfile
 from pathlib import Path
@@ -250,3 +252,183 @@ def test_adapter_names_keep_the_producers_versions():
     finally:
         engine.close()
         merged.close()
+
+
+# ------------------------------------------------------------------------- the server against another local user
+def _write_adapter_files(folder: Path, weights, sync: AdapterSync) -> Path:
+    """A peft adapter directory written by path, as anyone could make one (a look-alike, a crafted one)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(mode=0o700)
+    (folder / "adapter_config.json").write_text(json.dumps(sync.peft_config()))
+    save_file({name: tensor.contiguous() for name, tensor in weights}, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def _served_gap(client, name: str, model: torch.nn.Module) -> float:
+    """The largest |served - trainer| log-prob of a short sample drawn with adapter ``name``."""
+    from stare_lightning.rollout.server.engine import sampling_request
+
+    completion = client.generate(PROMPTS[0], sampling_request(PARAMS, 7, 8), adapter=name)[0]
+    served = torch.tensor(completion.logprobs, dtype=torch.float64)
+    return float((served - _trainer_logprobs(model, PROMPTS[0], completion.token_ids)).abs().max())
+
+
+@pytest.mark.vllm
+def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server, tiny_dir, other_user, tmp_path):
+    """Refused (400, one line on the trainer's side): an adapter holding NaN, one in a directory of another user, one
+    reached through a link. The control: the same files in a directory of the server's user are loaded and served
+    with their policy's log-probs."""
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+
+    url, sync = lora_server
+    client = ServerClient(url, token=TOKEN, timeout=120)
+    policy = _policy(tiny_dir, seed=11)
+    weights = list(adapter_weights(policy))
+    poisoned = [(name, tensor.clone()) for name, tensor in weights]
+    poisoned[0][1][0, 0] = float("nan")
+    crafted = {
+        "non-finite": (_write_adapter_files(tmp_path / "nan", poisoned, sync), "1 non-finite values"),
+        "foreign": (_write_adapter_files(tmp_path / "foreign", weights, sync), f"is owned by uid {other_user.uid}"),
+    }
+    for path in [crafted["foreign"][0], *crafted["foreign"][0].iterdir()]:
+        os.chown(path, other_user.uid, other_user.gid)
+    (tmp_path / "link").symlink_to(tmp_path / "good")
+    crafted["link"] = (tmp_path / "link", "cannot be opened as a directory")
+    for name, (path, why) in crafted.items():
+        with pytest.raises(RolloutServerError, match="HTTP 400") as refused:
+            client.load_adapter(f"crafted-{name}", str(path))
+        assert why in str(refused.value) and "\n" not in str(refused.value)
+    assert not {name for name in _served(client) if name.startswith("crafted-")}
+    # The control: the foreign adapter's very files, in a directory of the server's user, are served as trained.
+    good = _write_adapter_files(tmp_path / "good", weights, sync)
+    client.load_adapter("checked-good", str(good))
+    try:
+        assert _served_gap(client, "checked-good", policy) < SAME_LOGPROBS
+        base = client.generate(PROMPTS[1], {**_greedy(), "seed": 3})[0]
+        assert all(math.isfinite(value) for value in base.logprobs)  # nothing non-finite left in the cache
+    finally:
+        client.unload_adapter("checked-good")
+
+
+def _greedy() -> dict:
+    from stare_lightning.rollout.server.engine import sampling_request
+
+    return sampling_request(PARAMS, 3, 8)
+
+
+@pytest.mark.vllm
+def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_adapter_or_stops(
+    lora_server, tiny_dir, other_user, shared_scratch
+):
+    """The issue's attack: the transfer directory (0700) sits in a project directory its group may write, and a
+    member exchanges it with a look-alike tree of theirs, again and again, while the trainer pushes adapters. Every
+    push either serves the trainer's adapter (its log-probs) or stops in one line; the control: the look-alike's
+    adapter, loaded as the trainer's would be, serves other log-probs, so a served swap would show."""
+    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+
+    url, sync = lora_server
+    client = ServerClient(url, token=TOKEN, timeout=120)
+    project = shared_scratch / "project"
+    project.mkdir(mode=0o777)
+    project.chmod(0o777)  # group-writable in the issue; any writer may exchange entries of a non-sticky directory
+    base = project / "transfer"
+    base.mkdir(mode=0o700)
+    trainer_policy, attacker_policy = _policy(tiny_dir, seed=21), _policy(tiny_dir, seed=22)
+    engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="swap", transfer_dir=str(base))
+    swapper, outcomes, look_alike, real = None, [], project / "look-alike", base.stat().st_ino
+    try:
+        engine._directory(announce=False)  # made now, so that the look-alike copies its name
+        inner = engine._transfer_dir.name
+        for version in range(1, 5):  # the names the trainer will load, with the attacker's adapter in each
+            _write_adapter_files_tree(look_alike / inner, f"swap-v{version}", adapter_weights(attacker_policy), sync)
+        _chown_tree(look_alike, other_user)
+        stop = shared_scratch / "stop"
+        swapper = other_user.start(_EXCHANGE.format(first=str(base), second=str(look_alike), stop=str(stop)))
+        for version in range(1, 5):
+            try:
+                engine.push(engine.gather_weights(trainer_policy), version=f"v{version}")
+            except (RolloutServerError, UnsafeTransferDirectory) as error:
+                assert "\n" not in str(error)
+                outcomes.append(f"stopped ({type(error).__name__})")
+                continue
+            outcomes.append("served")
+            assert _served_gap(client, f"swap-v{version}", trainer_policy) < SAME_LOGPROBS
+        stop.touch()
+        swaps = other_user.finish(swapper)["swaps"]
+        swapper = None
+    finally:
+        if swapper is not None:
+            swapper.kill()
+            swapper.communicate()
+        _put_back(base, look_alike, real)
+        engine.close()
+        for name in [name for name in _served(client) if name.startswith("swap-")]:
+            client.unload_adapter(name)
+    assert len(outcomes) == 4 and swaps > 10, (outcomes, swaps)
+    # The control: the look-alike's adapter, had it been loaded, would not pass for the trainer's.
+    control = _write_adapter_files(shared_scratch / "control", adapter_weights(attacker_policy), sync)
+    client.load_adapter("control-look-alike", str(control))
+    try:
+        assert _served_gap(client, "control-look-alike", trainer_policy) > 100 * SAME_LOGPROBS
+    finally:
+        client.unload_adapter("control-look-alike")
+
+
+# Run as the other user: swap two entries of a directory it may write, without pause, until ``stop`` exists (or a
+# minute has passed), then say how often.
+_EXCHANGE = """
+first, second, spare, stop = {first!r}, {second!r}, {first!r} + ".away", {stop!r}
+until = time.monotonic() + 60
+swaps = 0
+while time.monotonic() < until and not os.path.exists(stop):
+    os.rename(first, spare)
+    os.rename(second, first)
+    os.rename(spare, second)
+    swaps += 1
+    time.sleep(0.002)
+print(json.dumps({{"swaps": swaps}}))
+"""
+
+
+def _write_adapter_files_tree(folder: Path, name: str, weights, sync: AdapterSync) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_adapter_files(folder / name, weights, sync)
+
+
+def _chown_tree(top: Path, user) -> None:
+    for path in [top, *top.rglob("*")]:
+        os.chown(path, user.uid, user.gid)
+
+
+def _put_back(base: Path, look_alike: Path, real: int) -> None:
+    """After the swapper is stopped: the trainer's directory back at its name (it may be at any of three)."""
+    places = [base, look_alike, base.with_name(base.name + ".away")]
+    found = {place: place.stat().st_ino for place in places if place.exists()}
+    for place, inode in found.items():
+        if inode == real and place != base:
+            if base.exists():
+                base.rename(base.with_name("displaced"))
+            place.rename(base)
+
+
+@pytest.mark.vllm
+def test_the_servers_engine_ports_are_out_of_another_users_reach(lora_server, other_user):
+    """The worker's gloo listeners (a dozen TCP ports) exist only in the server's own network namespace: another
+    user's connect-and-close flood of those ports on the host's loopback reaches none of them and the server keeps
+    serving. The control, a gloo group on the host's network dying of the same flood: tests/test_private_net.py."""
+    from stare_lightning.rollout.server import http
+    from stare_lightning.rollout.server.client import ServerClient
+    from tests.engine_ports import FLOOD, listening_ports, network_namespace, process_group, server_pid
+
+    url, _ = lora_server
+    members = process_group(server_pid(url.removeprefix(http.UNIX_SCHEME)))
+    ports = sorted({port for pid in members for port in listening_ports(pid)})
+    assert len(ports) >= 2, "the engine's worker listens on TCP in its namespace"
+    assert network_namespace("self") not in {network_namespace(pid) for pid in members}
+    flood = other_user.run(FLOOD.format(ports=ports, rounds=150), timeout=120)
+    assert flood["connected"] == 0 and flood["refused"] == 150 * len(ports)
+    completion = ServerClient(url, token=TOKEN, timeout=120).generate(PROMPTS[0], _greedy())[0]
+    assert completion.token_ids and all(math.isfinite(value) for value in completion.logprobs)

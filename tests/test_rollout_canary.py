@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary
+from stare_lightning.rollout.canary import MAX_KEY, MEAN_KEY, LogprobCanary, NonFiniteLogprobs
 from tests.distributed import run_on_ranks
 
 
@@ -62,11 +62,11 @@ def test_a_non_finite_gap_stops_at_the_first_step_and_says_which_side(poison):
     # The precondition: the strike test alone never fires on a NaN gap, and needs `patience` steps for an inf one.
     assert math.isinf(poison) or not mean > 0.05
     with pytest.raises(
-        RuntimeError, match=r"not finite: 1 of the engine's and 0 of the trainer's 10 .*non-finite weights"
+        NonFiniteLogprobs, match=r"not finite: 1 of the engine's and 0 of the trainer's 10 .*non-finite weights"
     ):
         LogprobCanary(threshold=0.05, patience=3).update(engine, trainer)
     # On the trainer's side, and on a stale batch too: a non-finite log-prob is never an off-policy gap.
-    with pytest.raises(RuntimeError, match=r"0 of the engine's and 1 of the trainer's .*trainer's weights"):
+    with pytest.raises(NonFiniteLogprobs, match=r"0 of the engine's and 1 of the trainer's .*trainer's weights"):
         LogprobCanary(patience=3).update(trainer, engine, judge=False)
     # Masked-out padding may hold anything.
     mask = torch.ones_like(engine, dtype=torch.bool)
@@ -107,3 +107,19 @@ def _rank_worker(rank: int, world: int) -> str:
 def test_ranks_agree_and_raise_together(tmp_path):
     results = run_on_ranks(_rank_worker, tmp_path)
     assert results == {0: "raised", 1: "raised"}
+
+
+def test_the_non_finite_stop_is_one_line_and_the_disagreement_stop_a_traceback(capsys):
+    """A run reports a user error as one line on stderr (exit status 2); the non-finite stop is one, while a
+    sustained disagreement (the control) stays a RuntimeError, a fault of the run's setup that keeps its traceback."""
+    from stare_lightning.user_errors import reported
+
+    engine, trainer = _pair(1e-6)
+    engine[0, 1] = float("nan")
+    with pytest.raises(SystemExit) as stop:
+        reported(lambda: LogprobCanary(patience=3).update(engine, trainer))
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: Rollout engine and trainer log-probs are not finite")
+    with pytest.raises(RuntimeError, match="disagree"):
+        reported(lambda: LogprobCanary(threshold=0.05, patience=1).update(*_pair(3.0)))

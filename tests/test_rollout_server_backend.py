@@ -157,6 +157,17 @@ def test_token_guard_refuses_to_start_without_its_token(monkeypatch):
         RequireToken(app=None)
 
 
+def test_token_guard_refuses_a_short_token_as_the_launcher_does(monkeypatch):
+    """A hand-started server builds the guard itself: the 32-character minimum holds there too (the control: 32)."""
+    from stare_lightning.rollout.server.auth import MIN_TOKEN_CHARS, TOKEN_ENV, RequireToken
+
+    monkeypatch.setenv(TOKEN_ENV, "x" * (MIN_TOKEN_CHARS - 1))
+    with pytest.raises(RuntimeError, match=f"has {MIN_TOKEN_CHARS - 1} characters; a server credential needs at least"):
+        RequireToken(app=None)
+    monkeypatch.setenv(TOKEN_ENV, "x" * MIN_TOKEN_CHARS)
+    assert RequireToken(app=None)._expected == b"Bearer " + b"x" * MIN_TOKEN_CHARS
+
+
 @pytest.mark.vllm
 def test_plugin_is_installed_and_registers_once():
     from importlib.metadata import entry_points
@@ -189,6 +200,9 @@ def test_a_server_that_cannot_start_names_its_url_and_log(tmp_path):
     assert f"http://127.0.0.1:{port}" in message and "exited with code" in message
     assert str(tmp_path / f"server-{port}.log") in message and "no-such-model" in message
     assert servers.dead() == []  # stopped
+    # A server on TCP keeps its engine's ports on the host's network (private_net.py), and its log says so.
+    note = (tmp_path / f"server-{port}.log").read_text().splitlines()[1]
+    assert note == "# its engine's TCP ports are on the host's network (it listens on TCP)"
 
 
 def test_a_port_in_use_is_named_before_anything_starts(tmp_path):

@@ -24,6 +24,11 @@ MEAN_KEY = "rollout/logprob_abs_diff/mean"
 MAX_KEY = "rollout/logprob_abs_diff/max"
 
 
+class NonFiniteLogprobs(ValueError):
+    """The engine's or the trainer's log-probs hold NaN or inf: the run stops with this one line (a ``ValueError``,
+    which ``user_errors`` reports as such), not a traceback."""
+
+
 class LogprobCanary:
     """Track ``|engine_logprobs - trainer_logprobs|`` over response tokens and fail loudly when it stays high.
 
@@ -51,8 +56,9 @@ class LogprobCanary:
         *,
         judge: bool = True,
     ) -> dict[str, float]:
-        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out. With
-        ``judge=False`` the step is measured only: it neither counts as a strike nor clears the strikes."""
+        """Record one step; return the metrics, or raise ``RuntimeError`` when patience runs out (and
+        ``NonFiniteLogprobs`` at once on NaN or inf). With ``judge=False`` the step is measured only: it neither
+        counts as a strike nor clears the strikes."""
         if engine_logprobs.shape != trainer_logprobs.shape:
             raise ValueError(
                 f"shapes differ: engine {tuple(engine_logprobs.shape)}, trainer {tuple(trainer_logprobs.shape)}"
@@ -74,7 +80,7 @@ class LogprobCanary:
         engine_bad, trainer_bad = int(total[2].item()), int(total[3].item())
         if self.patience and (engine_bad or trainer_bad):
             # `mean > threshold` is False for NaN: a non-finite gap would otherwise count as no strike at all.
-            raise RuntimeError(
+            raise NonFiniteLogprobs(
                 f"Rollout engine and trainer log-probs are not finite: {engine_bad} of the engine's and {trainer_bad} "
                 f"of the trainer's {int(tokens)} response-token log-probs are NaN or inf (mean |difference| {mean}). "
                 + (

@@ -3,7 +3,10 @@ its weight-transfer backend and token guard configured, ready once ``GET /health
 
 A server listens on TCP (``host``, ``port``) or, for servers only the trainer on this host talks to, on a Unix socket
 (``uds``, vLLM's ``--uds``) in a directory of mode 0700: the kernel then keeps every other local user off it (the
-stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections)."""
+stock server has no timeout for headers that never finish, so anyone who can connect can hold its connections). Such a
+server runs in a network namespace of its own (``private_net.py``), so its engine's internal TCP ports are out of
+other users' reach too. Logs are opened relative to the checked run folder, never through a link (``run_folder.py``).
+"""
 
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lightning.rollout.adapters import AdapterSync
-from stare_lightning.rollout.server import http
+from stare_lightning.rollout.server import http, private_net
 from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.transfer import BACKEND
+from stare_lightning.run_folder import RunFolder
 
 __all__ = ["LaunchedServers", "ServerSpec", "ServerStartError", "free_ports"]
 
@@ -111,6 +115,7 @@ class LaunchedServers:
         self.adapters = adapters  # LoRA adapters loaded at run time (rollout.lora_sync=adapter), or None
         self.urls: list[str] = [spec.url for spec in self.specs]
         self._processes: dict[str, subprocess.Popen] = {}
+        self._logs: RunFolder | None = None
 
     def __enter__(self) -> LaunchedServers:
         self.start()
@@ -164,7 +169,9 @@ class LaunchedServers:
         ``ServerStartError``."""
         if self._processes:
             raise RuntimeError("these servers are already started")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Checked before anything is written: the run's folder and its log folder are this user's alone.
+        with RunFolder(self.log_dir.parent) as parent:
+            self._logs = parent.folder(self.log_dir.name)
         atexit.register(self.stop)
         try:
             for spec, url in zip(self.specs, self.urls):
@@ -192,6 +199,9 @@ class LaunchedServers:
             process.wait()
         if self.socket_dir is not None and not self._processes:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self._logs is not None:
+            self._logs.close()
+            self._logs = None
 
     def dead(self) -> list[tuple[str, int]]:
         """``(url, returncode)`` of each started server whose process has exited."""
@@ -211,8 +221,12 @@ class LaunchedServers:
 
     def _spawn(self, spec: ServerSpec, url: str) -> subprocess.Popen:
         cpus = _parse_cpus(spec.cpus) if spec.cpus is not None else None
-        with open(self.log_path(url), "ab") as log:
+        # A server on a Unix socket needs no network: its engine's TCP ports go into a namespace of its own.
+        why_not = private_net.available() if spec.uds is not None else "it listens on TCP"
+        with self._logs.append(self.log_path(url).name) as log:
             log.write(f"# rollout server {url}\n".encode())  # which server this log is (a socket's name says little)
+            if why_not is not None:
+                log.write(f"# its engine's TCP ports are on the host's network ({why_not})\n".encode())
             log.flush()
             return subprocess.Popen(
                 self.command(spec),
@@ -221,7 +235,7 @@ class LaunchedServers:
                 stderr=subprocess.STDOUT,
                 env=self.environment(spec),
                 start_new_session=True,  # its own process group: stop() reaches the engine and worker processes
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None,
+                preexec_fn=private_net.preexec(why_not is None, cpus),
             )
 
     def _wait_healthy(self) -> None:
@@ -244,7 +258,10 @@ class LaunchedServers:
     def _failure(self, url: str, why: str) -> str:
         log = self.log_path(url)
         try:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+            with open(
+                os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), errors="replace"
+            ) as text:  # never through a link
+                tail = "\n".join(text.read().splitlines()[-_LOG_TAIL_LINES:])
         except OSError as err:
             tail = f"(the log cannot be read: {err})"
         return f"rollout server {url} did not start: {why}; log {log}, last lines:\n{tail}"
