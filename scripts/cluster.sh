@@ -32,6 +32,15 @@ BRIDGE_ADDR=$SUBNET.253  # this machine's own address on the cluster network
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 anchor_pid() { cat "$DIR/hosts/$1.pid" 2>/dev/null || die "no host '$1' (hosts: $(ls "$DIR/hosts" 2>/dev/null | sed -n 's/\.pid$//p' | tr '\n' ' '))"; }
+# The processes in a network namespace. `ip netns pids` gives up when a process ends while it looks.
+netns_pids() {
+  local target pid
+  target=$(stat -L -c %i "/run/netns/$1" 2>/dev/null) || return 0
+  for pid in /proc/[0-9]*; do
+    [[ $(stat -L -c %i "$pid/ns/net" 2>/dev/null) == "$target" ]] && echo "${pid#/proc/}"
+  done
+  return 0
+}
 on_host() { local pid; pid=$(anchor_pid "$1"); shift; nsenter --target "$pid" --net --uts --mount -- "$@"; }
 
 # A host: a network namespace plugged into the bridge, and a process that holds its UTS and mount namespaces (its
@@ -137,7 +146,7 @@ down() {
   # Every namespace of this cluster's name, also those of a cluster whose files are gone (an interrupted run).
   for netns in $(ip netns list | awk '{print $1}' | grep "^$NAME-" || true); do
     # Everything started on the host: daemons, job steps, and the namespace holder itself.
-    ip netns pids "$netns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    netns_pids "$netns" | xargs -r kill -9 2>/dev/null || true
     ip netns del "$netns" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
@@ -151,16 +160,17 @@ case ${1:-} in
   host)
     [[ $# -eq 2 && $2 =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "usage: host NAME (1-8 lowercase letters or digits)"
     [[ -e $DIR/hosts/$2.pid ]] && die "host $2 exists"
-    addr=$SUBNET.$((200 + $(ls "$DIR"/hosts/*.link | wc -l)))
+    count=$(ls "$DIR"/hosts/*.link | wc -l)
+    addr=$SUBNET.$((200 + count))
     echo "$addr $2" >>"$DIR/etc-hosts"  # in place: every host's /etc/hosts is this file, bound
-    add_host "$2" "$addr" "$2"
+    add_host "$2" "$addr" "h$count"
     echo "$addr"
     ;;
   link)
     [[ $# -eq 3 && $3 =~ ^(up|down)$ ]] || die "usage: link HOST up|down"
     ip link set "$(cat "$DIR/hosts/$2.link" 2>/dev/null || die "no host '$2'")" "$3"
     ;;
-  pids) [[ $# -eq 2 ]] || die "usage: pids HOST"; anchor_pid "$2" >/dev/null; ip netns pids "$NAME-$2" ;;
+  pids) [[ $# -eq 2 ]] || die "usage: pids HOST"; anchor_pid "$2" >/dev/null; netns_pids "$NAME-$2" ;;
   env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
   status)
     for f in "$DIR"/hosts/*.pid; do [[ -e $f ]] && echo "$(basename "$f" .pid) pid $(cat "$f")"; done

@@ -9,7 +9,8 @@
 # others train with FSDP2 (one process per GPU, one on CPU nodes) and reach every server by URL
 # (rollout.server.launch=false). --exclusive gives the job whole nodes, whatever CPUs they have. The trainer's ranks
 # meet at the first node of their own step, not of the job (stare_lightning/trainer/rendezvous.py).
-# Weight pushes go through OUTPUT_DIR/weights, which every node must mount (a shared file system).
+# Weights reach the servers over the network (rollout.server.transfer=auto picks it for servers on other nodes:
+# docs/guides/servers.md); to push through a directory every node mounts instead, add rollout.server.transfer_dir=DIR.
 # Usage: sbatch scripts/slurm_servers.sh experiment=paper_7b_short_cot [more overrides, for both sides]
 #        sbatch --gpus-per-node=0 scripts/slurm_servers.sh ...   (CPU nodes)
 # Environment: ROLLOUT_NODES (default 1), PORT (first port, default 8000), PYTHON, OUTPUT_DIR,
@@ -30,7 +31,6 @@ OUT=${OUTPUT_DIR:-$PWD/runs/$SLURM_JOB_ID}
 STARE_LIGHTNING_SERVER_TOKEN=${STARE_LIGHTNING_SERVER_TOKEN:-$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')}
 export STARE_LIGHTNING_SERVER_TOKEN
 export OUT
-mkdir -p "$OUT/weights" && chmod 700 "$OUT/weights"
 
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 ROLLOUT=("${NODES[@]:0:$ROLLOUT_NODES}")
@@ -59,4 +59,4 @@ done
 srun --kill-on-bad-exit=1 --nodes="${#TRAIN[@]}" --ntasks-per-node="$PER_NODE" --nodelist="$(IFS=,; echo "${TRAIN[*]}")" \
   "$PY" -m stare_lightning fit trainer=fsdp trainer.devices="$PER_NODE" trainer.num_nodes="${#TRAIN[@]}" "${TRAIN_DEVICE[@]}" \
   rollout=server rollout.server.launch=false "rollout.server.urls=[$(IFS=,; echo "${URLS[*]}")]" \
-  rollout.server.transfer_dir="$OUT/weights" output_dir="$OUT" "$@"
+  output_dir="$OUT" "$@"

@@ -57,16 +57,34 @@ def _write_traceback(error: BaseException, files: list[str]) -> None:
             log.write(f"[stare_lightning][ERROR] - {one_line(error)}\n{text}")
 
 
+def lost_peer(error: BaseException) -> bool:
+    """A collective that failed because another rank is gone (gloo's transport errors: a closed or reset connection,
+    a timeout): that rank's own error says what happened, and this rank's traceback adds nothing."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and "gloo/transport" in text and ("peer" in text or "Timed out" in text)
+
+
 def reported(action: Callable[[], T], *, verbose: bool = False) -> T:
-    """``action()``, with a user error turned into one line on stderr and exit status 2 (see the module docstring)."""
+    """``action()``, with a user error turned into one line on stderr and exit status 2 (see the module docstring),
+    and a rank whose peer is gone (``lost_peer``) into one line and status 1."""
     try:
         return action()
-    except USER_ERRORS as error:
-        if verbose or os.environ.get("HYDRA_FULL_ERROR") == "1":
+    except BaseException as error:
+        lost = lost_peer(error)
+        if not (lost or isinstance(error, USER_ERRORS)) or verbose or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         files = _log_files()
         _write_traceback(error, files)
         where = f"; traceback in {files[0]}" if files else "; verbose=true shows the traceback"
+        if lost:
+            first = one_line(error).split(" This is typically", 1)[0]
+            print(
+                f"error: another rank of this run ended or cannot be reached ({first}); its own output says why "
+                f"(RuntimeError{where})",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(1) from None
         print(f"error: {one_line(error)} ({type(error).__name__}{where})", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
 

@@ -64,6 +64,12 @@ class Cluster:
         names = {"STARE_CLUSTER_NAME": self.name, "STARE_CLUSTER_SUBNET": self.subnet}
         return {**os.environ, **names, "STARE_CLUSTER_DIR": str(self.directory)}
 
+    def popen(self, host: str, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``command`` on ``host``, its stdin and stdout piped (text)."""
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        full_env = {**self._script_env(), **(env or {})}
+        return subprocess.Popen(["bash", str(SCRIPT), "run", host, *command], env=full_env, text=True, **pipes)
+
     def kill(self, host: str, command_part: str) -> int:
         """SIGKILL the processes on ``host`` whose command line holds ``command_part``; how many there were."""
         killed = 0
@@ -112,11 +118,14 @@ class Cluster:
 
 
 @contextmanager
-def slurm_cluster(name: str, subnet: str, nodes: int) -> Iterator[Cluster]:
-    """Nodes ``node1..node<nodes>`` up for the body, then every process, namespace and link gone."""
+def slurm_cluster(role: str, index: int, nodes: int) -> Iterator[Cluster]:
+    """Nodes ``node1..node<nodes>`` up for the body, then every process, namespace and link gone. The cluster's name
+    and subnet come from this process and ``index`` (one per test module), so test sessions running side by side on
+    one machine, and a module's cluster beside another's, never share a bridge or a namespace."""
     require("slurm")
-    cluster = Cluster(name=name, subnet=subnet, directory=Path("/var/tmp") / f"{name}-{os.getpid()}")
-    cluster.script("down", check=False)  # what an interrupted session may have left under this name
+    pid = os.getpid()
+    name, subnet = f"{role[:2]}{pid % 100000}", f"10.{100 + pid % 150}.{index}"
+    cluster = Cluster(name=name, subnet=subnet, directory=Path("/var/tmp") / f"stare-cluster-{name}")
     try:
         up = cluster.script("up", str(nodes), check=False)
         assert up.returncode == 0, f"scripts/cluster.sh up failed: {up.stderr}"

@@ -59,7 +59,7 @@ def test_a_server_fit_takes_the_colocated_fits_steps(colocated, tmp_path, model_
 
 @pytest.fixture(scope="module")
 def cluster():
-    with slurm_cluster("stclsrv", "10.215.0", nodes=3) as nodes:
+    with slurm_cluster("servers", 2, nodes=3) as nodes:
         yield nodes
 
 
@@ -67,7 +67,8 @@ def cluster():
 def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(colocated, cluster, model_cache):
     """``sbatch scripts/slurm_servers.sh`` on CPU nodes of a real scheduler: ``serve`` on node1, a two-node FSDP2
     trainer on node2 and node3 whose ranks meet at node2 (its step's first node, not the job's), reaching the server
-    over the cluster network; the colocated engine's samples and steps."""
+    over the cluster network, and its weights too (nothing shared but the output directory); the colocated engine's
+    samples and steps."""
     cluster.copy_models(model_cache)
     run = cluster.shared / "servers"
     script = str(REPO / "scripts" / "slurm_servers.sh")
@@ -76,6 +77,8 @@ def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(
         "--nodes=3", "--gpus-per-node=0", script, *overrides, *DUMP, cwd=cluster.shared, env={"OUTPUT_DIR": str(run)}
     )
     assert job.state == "COMPLETED" and job.nodes == "node[1-3]", job.output[-4000:]
+    assert "weights go to 1 rollout server(s) over the network (gloo, rendezvous at " in job.output
+    assert not (run / "weights").exists()
     _assert_same_steps(colocated, run)
     # Rank 0 dumps its own half of each step's groups: every one is the colocated engine's, token for token.
     ours, theirs = _samples(run), _samples(colocated)
@@ -83,6 +86,113 @@ def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(
     rows = train_rows(read_metrics(run)).values()
     assert all(row["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for row in rows)
     assert list((run / "rollout" / "node1" / "servers").glob("server-*.log"))  # the server ran on node1
+
+
+@SHARES_THE_REFERENCE
+def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, model_cache):
+    """The vLLM server on node1 is killed after the step-2 checkpoint: the trainer on node2-3 ends within its request
+    timeout, each line it prints naming the server, and the job fails instead of hanging. With one rollout node the
+    run cannot go on; its checkpoint is intact for a resubmission (the resume itself is tested above)."""
+    cluster.copy_models(model_cache)
+    run = cluster.shared / "servers_lost"
+    script = str(REPO / "scripts" / "slurm_servers.sh")
+    overrides = [arg for arg in SHARDED if arg != "rollout=hf"]
+    long_run = ["trainer.max_steps=50", "rollout.server.request_timeout=60"]
+    job = cluster.submit(
+        "--nodes=3",
+        "--gpus-per-node=0",
+        script,
+        *overrides,
+        *long_run,
+        cwd=cluster.shared,
+        env={"OUTPUT_DIR": str(run)},
+    )
+    checkpoint = run / "checkpoints" / "last.ckpt" / ".metadata"
+    deadline = time.time() + 900
+    while not checkpoint.exists() and cluster.job(job, cluster.shared).state in ("PENDING", "RUNNING"):
+        assert time.time() < deadline, "no step-2 checkpoint after 900 s"
+        time.sleep(0.2)
+    assert cluster.kill("node1", "vllm.entrypoints.openai.api_server") >= 1
+    killed = time.monotonic()
+    lost = cluster.wait(job, cluster.shared)
+    assert lost.state == "FAILED", lost.output[-4000:]
+    assert time.monotonic() - killed < 240  # the request timeout (60 s) plus the teardown, never a hang
+    # Rank 0 names the server; rank 1, left at a collective, says its peer ended (or was stopped before it could).
+    errors = [line for line in lost.output.splitlines() if line.startswith("error:")]
+    named = [line for line in errors if "rollout server http://node1:8000" in line]
+    assert len(named) == 1 and "Traceback" not in lost.output, lost.output[-4000:]
+    # serve on node1 says its server died; no other error.
+    known = ("rollout server", "another rank of this run ended")
+    assert all(any(part in line for part in known) for line in errors), "\n".join(errors)
+    assert checkpoint.exists()
+
+
+# The trainer's side of a network push on node2: hosts the rendezvous store on its cluster address, prints where, and
+# on a line from stdin joins member 0's group under the secret's prefix and sends one chunk.
+NET_TRAINER = """
+import json, sys, torch
+from stare_lightning.rollout.server.net_group import TRAINER_RANK, TransferGroup, host_store, route_address
+from stare_lightning.rollout.server.net_wire import new_nonce, pack_chunks, rendezvous_prefix
+token, peer = sys.argv[1], sys.argv[2]
+((info, buffer),) = pack_chunks([("a.weight", torch.arange(12.0).reshape(3, 4))], token, chunk_bytes=1 << 20)
+address = route_address(peer)
+store, nonce = host_store(address, 0, 15.0), new_nonce()
+print(json.dumps({"address": address, "port": store.port, "nonce": nonce, "info": info}), flush=True)
+sys.stdin.readline()
+try:
+    TransferGroup(store, rendezvous_prefix(token, nonce, 0), TRAINER_RANK, address, 15.0).send(buffer)
+    print("sent")
+except RuntimeError as error:
+    print("not met:", str(error).splitlines()[0])
+"""
+# A server's worker on another host: joins the group the init names with its own secret and prints what arrived.
+NET_WORKER = """
+import json, sys
+from stare_lightning.rollout.server.net_receive import NetworkReceiver
+init, info = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    print(json.dumps({name: t.tolist() for name, t in NetworkReceiver(init).receive(info)[1].items()}))
+except Exception as error:
+    print(json.dumps({"refused": str(error)}))
+"""
+
+
+def _first_line(proc: subprocess.Popen, prefix: str) -> str:
+    """The first line ``proc`` prints that starts with ``prefix`` (torch's warnings come first on a cluster host)."""
+    while line := proc.stdout.readline():
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"the process ended (status {proc.wait()}) before printing a line starting {prefix!r}")
+
+
+@SHARES_THE_REFERENCE
+@pytest.mark.parametrize("knows_the_secret", [True, False])
+def test_a_host_without_the_secret_cannot_join_the_weight_transfer_group(cluster, knows_the_secret):
+    """A fourth host on the cluster network, not a SLURM node, knows the trainer's address, port and nonce (all the
+    init request carries) but not the run's secret: it never joins the group and receives nothing, and the trainer's
+    join times out. The control: the same process with the secret receives the trainer's bytes."""
+    if "stranger" not in cluster.script("status").stdout:
+        cluster.script("host", "stranger")
+    token = "cluster-run-secret-" + "0123456789" * 3
+    trainer = cluster.popen("node2", sys.executable, "-c", NET_TRAINER, token, "stranger")
+    where = json.loads(_first_line(trainer, "{"))
+    init = {key: where[key] for key in ("address", "port", "nonce")} | {"member": 0, "timeout_s": 15.0}
+    secret = token if knows_the_secret else "a-guess-at-the-secret-" + "x" * 20
+    job = [sys.executable, "-c", NET_WORKER, json.dumps(init), json.dumps(where["info"])]
+    worker = cluster.popen("stranger", *job, env={"STARE_LIGHTNING_SERVER_TOKEN": secret})
+    assert _first_line(worker, "ready") == "ready"
+    for proc in (trainer, worker):  # both told at once: each blocks until the other joins (or its timeout)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outputs = [proc.communicate(timeout=180)[0].splitlines() for proc in (trainer, worker)]
+    answers = [[line for line in lines if line.startswith(("sent", "not met", "{"))][-1] for lines in outputs]
+    got = json.loads(answers[1])
+    if knows_the_secret:
+        assert answers[0] == "sent" and got == {"a.weight": [[float(4 * r + c) for c in range(4)] for r in range(3)]}
+    else:
+        assert answers[0].startswith("not met:") and "joining the trainer's weight-transfer group" in got["refused"]
 
 
 # Samples up to two versions old, and a validation after step 2 (the producer drains, the servers get the current
@@ -240,6 +350,7 @@ def test_a_fit_pushing_over_the_network_takes_the_colocated_fits_steps(colocated
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     assert "weights go to 1 rollout server(s) over the network (gloo, rendezvous at 127.0.0.1:" in out
+    assert "rollout servers: http://127.0.0.1:" in out and f"(logs {run / 'servers'})" in out  # said at launch
     _assert_same_steps(colocated, run)
     assert _samples(run) == _samples(colocated) and _samples(run)
     assert all(r["train/rollout/logprob_abs_diff/mean"] < CANARY_BOUND for r in train_rows(read_metrics(run)).values())

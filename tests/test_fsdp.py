@@ -193,7 +193,7 @@ def test_two_node_torchrun_launch_matches_one_process(reference, tmp_path, model
 
 @pytest.fixture(scope="module")
 def cluster():
-    with slurm_cluster("stclfsdp", "10.214.0", nodes=2) as nodes:
+    with slurm_cluster("fsdp", 1, nodes=2) as nodes:
         yield nodes
 
 

@@ -68,3 +68,28 @@ def test_each_kind_of_user_error_is_one_line_with_exit_status_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: "), (name, stderr[-3000:])
         assert cases[name][1] in lines[0], (name, lines[0])
         assert "Traceback" not in stdout + stderr, name
+
+
+# What gloo raised on a rank whose peer was killed mid all-reduce (seen on the test cluster), and errors that are not.
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[10.215.0.2]:36738. This is typically caused by a remote worker crashing."
+)
+
+
+def test_a_rank_whose_peer_is_gone_says_so_in_one_line(capsys):
+    from stare_lightning.user_errors import lost_peer, reported
+
+    def fail(error):
+        raise error
+
+    with pytest.raises(SystemExit) as ended:
+        reported(lambda: fail(RuntimeError(GLOO_PEER_GONE)))
+    assert ended.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: another rank of this run ended or cannot be reached (") and "\n" not in err
+    assert "Connection closed by peer [10.215.0.2]:36738" in err and "typically" not in err
+    # The controls: a bug's RuntimeError keeps its traceback, and so does one that only mentions a peer.
+    assert not lost_peer(RuntimeError("shape mismatch")) and not lost_peer(RuntimeError("peer review"))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        reported(lambda: fail(RuntimeError("shape mismatch")))

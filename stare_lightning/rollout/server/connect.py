@@ -37,6 +37,7 @@ def connect_servers(
                     server, model_dir, dtype=dtype, seed=seed, log_dir=log_dir, token=token, adapters=adapters
                 )
                 urls = list(launched.urls)
+                print(f"rollout servers: {' '.join(urls)} (logs {log_dir})", flush=True)
             except Exception as error:  # every rank must hear of it, or the others wait at the gather below
                 problem = str(error)
         urls, token, problem = distributed.all_gather_objects((urls, token, problem))[0]
