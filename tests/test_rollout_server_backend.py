@@ -13,6 +13,7 @@ import re
 import socket
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -241,17 +242,18 @@ def _ok(url: str, path: str, body=None, method: str | None = None):
 SHARES_THE_SERVER = pytest.mark.xdist_group("server_backend")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
+@contextmanager
+def _launched_server(tiny_dir, tmp_path_factory, on_tcp: bool):
     from tests.needs import require
 
     require("vllm")
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
 
-    # As a launched server listens: a Unix socket in a directory only this user may enter (mkdtemp: 0700).
-    sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
+    # As a launched server listens: a Unix socket in a directory only this user may enter (mkdtemp: 0700), in a
+    # network namespace of its own; or on loopback TCP, on the host's network, which the network transfer needs.
+    sockets = None if on_tcp else Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
     logs = tmp_path_factory.mktemp("server_logs")
-    spec = ServerSpec(0, uds=str(sockets / "0.sock"))
+    spec = ServerSpec(free_ports(1)[0], host="127.0.0.1") if on_tcp else ServerSpec(0, uds=str(sockets / "0.sock"))
     with LaunchedServers(
         tiny_dir,
         [spec],
@@ -265,6 +267,20 @@ def server(tiny_dir, tmp_path_factory):
         directory.chmod(0o700)
         _ok(launched.urls[0], "/init_weight_transfer_engine", {"init_info": {"directory": str(directory)}})
         yield launched.urls[0], directory
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    with _launched_server(tiny_dir, tmp_path_factory, on_tcp=False) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def tcp_server(tiny_dir, tmp_path_factory):
+    """A server on loopback TCP: one on a Unix socket runs in a network namespace of its own, where the trainer's
+    rendezvous for the network transfer cannot be reached (and the config refuses that pairing)."""
+    with _launched_server(tiny_dir, tmp_path_factory, on_tcp=True) as found:
+        yield found
 
 
 def _generate(url: str) -> tuple[list[int], torch.Tensor]:
@@ -666,14 +682,14 @@ def _network_engine(url: str):
 
 @SHARES_THE_SERVER
 @pytest.mark.vllm
-def test_a_network_push_serves_the_pushed_weights_and_bytes_not_the_trainers_are_refused(server, tiny_dir):
+def test_a_network_push_serves_the_pushed_weights_and_bytes_not_the_trainers_are_refused(tcp_server, tiny_dir):
     """A round whose bytes differ from those its digest covers (bytes injected on the wire), or whose digest was made
     without the run's secret, is refused at its first chunk: the server keeps its weights. The control: the same
     round untouched is served."""
     from stare_lightning.rollout.server.client import RolloutServerError
     from stare_lightning.rollout.server.net_wire import pack_chunks
 
-    url, directory = server
+    url, directory = tcp_server
     engine = _network_engine(url)
     try:
         model = _perturbed(tiny_dir, seed=21)
@@ -708,7 +724,7 @@ STALL_TIMEOUT_S = 10.0
 
 @SHARES_THE_SERVER
 @pytest.mark.vllm
-def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_served(server, tiny_dir):
+def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_served(tcp_server, tiny_dir):
     """The trainer's bytes stop after the first chunk (a cut link, a trainer gone): the server's receive gives up
     after the timeout the trainer set, the round is refused, and the server serves its previous version."""
     import threading
@@ -717,7 +733,7 @@ def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_se
     from stare_lightning.rollout.server.net_push import NetworkPush
     from stare_lightning.rollout.server.net_wire import pack_chunks
 
-    url, directory = server
+    url, directory = tcp_server
     client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
     network = NetworkPush([client], token=TOKEN, address="127.0.0.1", port=0, timeout=STALL_TIMEOUT_S)
     try:

@@ -137,8 +137,10 @@ def test_auto_picks_the_network_for_a_server_on_another_host(settings, mode):
     [
         ({"transfer": "disk"}, "transfer='disk' is not allowed: choose one of .'auto', 'files', 'network'."),
         ({"transfer": "files", "transfer_port": 9000}, "transfer_port does nothing with rollout.server.transfer=files"),
-        ({"transfer": "network", "transfer_dir": "/shared"}, "transfer_dir does nothing with rollout.server.transfer="),
+        ({"transfer": "network", "host": "127.0.0.1", "transfer_dir": "/shared"}, "transfer_dir does nothing with"),
         ({"transfer_address": " "}, "transfer_address=' ' is not allowed"),
+        ({"transfer": "network"}, "transfer=network cannot reach servers on Unix sockets"),  # launched on unix
+        ({"transfer": "network", "launch": False, "urls": ["unix:/run/a.sock"]}, "cannot reach servers on Unix"),
     ],
 )
 def test_transfer_settings_that_cannot_work_are_refused(settings, refusal):

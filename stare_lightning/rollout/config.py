@@ -171,6 +171,12 @@ class ServerConfig:
         address = self.transfer_address
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"{p}transfer_address={self.transfer_address!r} is not allowed: a host address or null")
+        unix_urls = any(str(url).startswith(f"{UNIX_HOST}:") for url in self.urls)
+        if self.transfer == "network" and (self.host == UNIX_HOST if self.launch else unix_urls):
+            raise ValueError(
+                f"{p}transfer=network cannot reach servers on Unix sockets (each runs in a network namespace of its "
+                f"own, with no route to the trainer's rendezvous): set {p}host=127.0.0.1 (TCP) or {p}transfer=files"
+            )
         if self.transfer == "files":
             for key, default in (("transfer_address", None), ("transfer_port", 0)):
                 if getattr(self, key) != default:
