@@ -15,6 +15,10 @@ Steps, each a child process with its own time limit, each reported whether or no
                  adapters off (no second model); last, so that a short loan loses it before the performance figures
 Results go to OUT/gpu_check.json and a short OUT/gpu_check.md; each step's output to OUT/logs/<step>.log.
 
+Every fit must learn, not only run: its rewards differ within some group, so advantages and the loss are nonzero and
+the loss moves between steps, and the LoRA fit's KL leaves 0 after its first update. A fit that runs but shows no
+gradient is reported as failed, with its figures.
+
 With --cpu-dry-run every step runs on the CPU at tiny sizes (seconds), so the check is exercised by the test suite;
 fp16 fits need a GPU (the project refuses them on CPUs), so that step is reported as skipped there.
 """
@@ -49,6 +53,12 @@ FIT = ["debug=fast", "rollout=hf", "validation.before_fit=false", "trainer.max_s
        "logger=csv"]  # fmt: skip
 LEVERS = ["forward.fused_lm_head=true", "model.gradient_checkpointing=true", "forward.packed_sequences=true",
           "telemetry.same_batch_entropy=false"]  # fmt: skip
+# One warm-up of the tiny model for every fit, on the GPU and in the dry run alike (cached after the first fit). Its
+# length sets what the fits can learn from: on debug=fast's 256 countdown records the warmed-up model answers about
+# 30% of sampled responses correctly after 100 steps, so most groups mix right and wrong answers and the advantage is
+# nonzero. After 5 or 30 steps it is never right (every reward 0, the loss 0 at every step); after 300 it is nearly
+# always right (every reward 1): either way no gradient reaches the weights.
+COLD_START = ["model.cold_start.steps=100"]
 METRIC_COLUMNS = {
     "loss": "train/loss",
     "entropy": "train/entropy",
@@ -63,13 +73,12 @@ METRIC_COLUMNS = {
 def fit_overrides(step: str, dry_run: bool) -> list[str] | None:
     """The fit's overrides for ``step``; None where the step cannot run on this kind of machine."""
     device = ["trainer.accelerator=cpu"] if dry_run else ["trainer.accelerator=gpu"]
-    cold_start = ["model.cold_start.steps=5"] if dry_run else ["model.cold_start.steps=150"]
-    fsdp = ["trainer=fsdp", "trainer.devices=1", *device, *cold_start]
+    fsdp = ["trainer=fsdp", "trainer.devices=1", *device, *COLD_START]
     return {
-        "fit_gpu": ["trainer=gpu", *device, *cold_start],
+        "fit_gpu": ["trainer=gpu", *device, *COLD_START],
         "fit_fsdp_bf16": [*fsdp, "trainer.max_steps=2", *LEVERS],
         "resume": [*fsdp, "trainer.max_steps=3", "ckpt_path=last", *LEVERS],
-        "fit_fsdp_fp16": None if dry_run else ["trainer=fsdp_fp16", "trainer.devices=1", *device, *cold_start],
+        "fit_fsdp_fp16": None if dry_run else ["trainer=fsdp_fp16", "trainer.devices=1", *device, *COLD_START],
         "fit_fsdp_lora": [*fsdp, "trainer.max_steps=2", "model.lora.rank=8", "algorithm.kl.coef=0.05"],
     }[step]
 
@@ -78,7 +87,29 @@ def _metrics(run_dir: Path) -> dict:
     rows = [r for r in csv.DictReader(open(run_dir / "logs" / "metrics.csv")) if r.get("train/loss")]
     last = {name: float(rows[-1][column]) for name, column in METRIC_COLUMNS.items() if rows and rows[-1].get(column)}
     kl = [float(r["train/kl"]) for r in rows if r.get("train/kl")]  # with a KL term: 0 while the policy is the base
-    return {"steps_logged": [int(r["step"]) for r in rows], "last": last, **({"kl_by_step": kl} if kl else {})}
+    return {
+        "steps_logged": [int(r["step"]) for r in rows],
+        "last": last,
+        "loss_by_step": [float(r["train/loss"]) for r in rows],
+        "reward_std_by_step": [float(r["train/reward/std"]) for r in rows if r.get("train/reward/std")],
+        **({"kl_by_step": kl} if kl else {}),
+    }
+
+
+def learning_problems(step: str, metrics: dict) -> list[str]:
+    """Why ``metrics`` show no gradient reaching the weights (empty when they do): rewards that never differ within
+    a group, a loss that is 0 at every step or never moves, or, for the LoRA fit, a KL still 0 after the first
+    update (its adapters start at B = 0, so the KL is 0 at step 0 only)."""
+    losses, problems = metrics["loss_by_step"], []
+    if not any(std > 0 for std in metrics["reward_std_by_step"]):
+        problems.append("every step's rewards agree (reward std 0): no advantage to learn from")
+    if not any(losses):
+        problems.append("the loss is 0 at every step")
+    elif len(set(losses)) < 2:
+        problems.append(f"the loss never moves ({losses[0]:g} at every step)")
+    if step == "fit_fsdp_lora" and not any(kl > 0 for kl in metrics.get("kl_by_step", [])[1:]):
+        problems.append(f"the KL stays 0 after the first update (by step: {metrics.get('kl_by_step')})")
+    return problems
 
 
 def run_fit(step: str, out: Path, dry_run: bool) -> dict:
@@ -94,7 +125,8 @@ def run_fit(step: str, out: Path, dry_run: bool) -> dict:
     print(" ".join(command[1:]), proc.stdout[-4000:], proc.stderr[-8000:], sep="\n")
     if proc.returncode != 0:
         raise RuntimeError(f"the fit exited with {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-    return {"overrides": overrides, "wall_s": wall, **_metrics(run_dir),
+    metrics = _metrics(run_dir)
+    return {"overrides": overrides, "wall_s": wall, **metrics, "learning_problems": learning_problems(step, metrics),
             "checkpoint": (run_dir / "checkpoints" / "last.ckpt").exists()}  # fmt: skip
 
 
@@ -180,7 +212,10 @@ def _in_child(step: str, out: Path, dry_run: bool, limit: float) -> dict:
 def _child_main(step: str, out: Path, dry_run: bool, result_file: Path) -> None:
     try:
         result = run_step(step, out, dry_run)
-        result = result if result.get("status") == "skipped" else {"status": "ok", "results": result}
+        if result.get("learning_problems"):  # it ran, but no gradient reached the weights: the figures still go out
+            result = {"status": "failed", "error": "; ".join(result["learning_problems"]), "results": result}
+        elif result.get("status") != "skipped":
+            result = {"status": "ok", "results": result}
     except Exception as error:  # the orchestrator reports it and goes on with the next step
         import traceback
 

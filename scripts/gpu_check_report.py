@@ -39,9 +39,13 @@ def _correctness(results: dict) -> list[str]:
     return lines
 
 
+def _by_step(results: dict, key: str) -> str:
+    return ", ".join(_number(value) for value in results.get(key, [])) or "-"
+
+
 def _fits(report: dict) -> list[str]:
-    columns = ["fit", "steps logged", "wall s", "last loss", "step s", "peak GiB", "skipped (non-finite)", "loss scale",
-               "KL by step"]  # fmt: skip
+    columns = ["fit", "steps logged", "wall s", "loss by step", "reward std by step", "step s", "peak GiB",
+               "skipped (non-finite)", "loss scale", "KL by step"]  # fmt: skip
     lines = ["", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
     for name, step in report["steps"].items():
         results = step.get("results") or {}
@@ -49,10 +53,11 @@ def _fits(report: dict) -> list[str]:
             continue
         last = results["last"]
         lines.append(
-            f"| {name} | {results['steps_logged']} | {results['wall_s']:.0f} | {_number(last.get('loss'))} "
-            f"| {_number(last.get('step_s'))} | {_number(last.get('peak_gib'))} "
+            f"| {name} | {results['steps_logged']} | {results['wall_s']:.0f} | {_by_step(results, 'loss_by_step')} "
+            f"| {_by_step(results, 'reward_std_by_step')} | {_number(last.get('step_s'))} "
+            f"| {_number(last.get('peak_gib'))} "
             f"| {_number(last.get('nonfinite_skipped'))} | {_number(last.get('loss_scale'))} "
-            f"| {', '.join(_number(value) for value in results.get('kl_by_step', [])) or '-'} |"
+            f"| {_by_step(results, 'kl_by_step')} |"
         )
     return lines
 

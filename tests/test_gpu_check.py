@@ -22,7 +22,7 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts import gpu_packages  # noqa: E402
+from scripts import gpu_check, gpu_packages  # noqa: E402
 from tests.needs import require  # noqa: E402
 
 
@@ -52,9 +52,18 @@ def test_cpu_dry_run_runs_every_step_and_reports_it(tmp_path, model_cache):
         steps["fit_fsdp_bf16"]["results"]["steps_logged"] == [0, 1] and steps["fit_fsdp_bf16"]["results"]["checkpoint"]
     )
     assert steps["resume"]["results"]["steps_logged"] == [0, 1, 2]  # the checkpoint's two steps, then one more
+    # Every fit learns: rewards differ within groups, so the loss is nonzero and moves from step to step.
+    for name in ("fit_gpu", "fit_fsdp_bf16", "resume", "fit_fsdp_lora"):
+        fit = steps[name]["results"]
+        losses = fit["loss_by_step"]
+        assert len(losses) == len(fit["steps_logged"]) and any(losses) and len(set(losses)) > 1, (name, losses)
+        assert all(std > 0 for std in fit["reward_std_by_step"]), (name, fit["reward_std_by_step"])
+        assert fit["learning_problems"] == [], name
     lora = steps["fit_fsdp_lora"]["results"]
-    # The KL reference is the policy with its adapters off: at step 0 (B = 0) the two are one model.
+    # The KL reference is the policy with its adapters off: at step 0 (B = 0) the two are one model; the first update
+    # moves the adapters, so at step 1 the KL is above 0.
     assert lora["steps_logged"] == [0, 1] and len(lora["kl_by_step"]) == 2 and abs(lora["kl_by_step"][0]) < 1e-6
+    assert lora["kl_by_step"][1] > 1e-6, lora["kl_by_step"]
 
     performance = steps["performance"]["results"]
     settings = {(u["response_tokens"], u["fused_lm_head"], u["gradient_checkpointing"]) for u in performance["updates"]}
@@ -64,6 +73,24 @@ def test_cpu_dry_run_runs_every_step_and_reports_it(tmp_path, model_cache):
     markdown = (tmp_path / "out" / "gpu_check.md").read_text()
     assert "| fit_fsdp_fp16 | skipped |" in markdown and "| float32 | 0 |" in markdown
     assert not list(REPO.glob("outputs/gpu_check*")), "the check wrote into the checkout instead of OUT"
+
+
+# Figures of the dry run before its fits learned (a 5-step warm-up: every reward 0) and after (a 100-step one).
+STILL = {"loss_by_step": [0.0, 0.0], "reward_std_by_step": [0.0, 0.0], "kl_by_step": [0.0, 0.0]}
+LEARNING = {"loss_by_step": [0.0446, 0.0248], "reward_std_by_step": [0.484, 0.450], "kl_by_step": [0.0, 4.67e-4]}
+
+
+def test_a_fit_without_a_gradient_is_a_failed_step():
+    assert gpu_check.learning_problems("fit_fsdp_lora", LEARNING) == []
+    assert gpu_check.learning_problems("fit_fsdp_lora", STILL) == [
+        "every step's rewards agree (reward std 0): no advantage to learn from",
+        "the loss is 0 at every step",
+        "the KL stays 0 after the first update (by step: [0.0, 0.0])",
+    ]
+    flat = {**LEARNING, "loss_by_step": [0.03, 0.03, 0.03]}
+    assert gpu_check.learning_problems("fit_gpu", flat) == ["the loss never moves (0.03 at every step)"]
+    # Only the LoRA fit has a KL that must leave 0: a full fine-tuning fit without a KL term logs 0 throughout.
+    assert gpu_check.learning_problems("fit_gpu", {**LEARNING, "kl_by_step": [0.0, 0.0]}) == []
 
 
 def test_carried_wheels_are_pyproject_less_the_image():
