@@ -134,6 +134,7 @@ def _worker_stare(args) -> dict:
         AlgorithmConfig,
         LossNormalizer,
         LossSpec,
+        STARERule,
         policy_loss,
         stare_weights_for_scope,
         token_stats_from_logits,
@@ -152,7 +153,8 @@ def _worker_stare(args) -> dict:
     norm = LossNormalizer.from_mask(mask)
 
     def stare():
-        return stare_weights_for_scope(old, adv, mask, scope="step", variant="C2", top_ratio=0.1)[0]
+        rule = STARERule.of(variant="C2", top_ratio=0.1)
+        return stare_weights_for_scope([old], [adv], [mask], scope="step", rule=rule)[0][0]
 
     def loss_only(weights):
         lp = old.clone().requires_grad_()

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stare_lightning.algorithms import AlgorithmConfig, LossNormalizer, LossSpec, policy_loss, stare_weights_for_scope
+from stare_lightning.algorithms import (
+    AlgorithmConfig,
+    LossNormalizer,
+    LossSpec,
+    STARERule,
+    policy_loss,
+    stare_weights_for_scope,
+)
 from stare_lightning.algorithms.token_stats import token_stats_from_hidden, token_stats_from_logits
 from stare_lightning.metrics.entropy import QuadrantMass, TokenEntropy
 
@@ -70,8 +77,12 @@ def _stare_and_loss(batch: dict[str, Tensor], dtype: torch.dtype, device: torch.
         inputs = {k: v.to(device=side_device, dtype=side_dtype if v.is_floating_point() else None) for k, v in
                   rounded.items()}  # fmt: skip
         logprobs = inputs["logprobs"].clone().requires_grad_()
-        weights, stats = stare_weights_for_scope(
-            inputs["logprobs"], inputs["advantages"], inputs["mask"], scope="step", **STARE_RULE
+        (weights,), (stats,) = stare_weights_for_scope(
+            [inputs["logprobs"]],
+            [inputs["advantages"]],
+            [inputs["mask"]],
+            scope="step",
+            rule=STARERule.of(**STARE_RULE),
         )
         loss, _ = policy_loss(
             logprobs, inputs["old"], inputs["advantages"], inputs["mask"], spec,

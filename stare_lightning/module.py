@@ -86,6 +86,7 @@ class STAREModule(LightningModule):
         self.call_format = build_format(self.tools.format, tool, self.tokenizer) if tool is not None else None
         self.controller = algorithm.stare.make_controller() if algorithm.stare.enabled else None
         self.entropy_coefficient = algorithm.entropy_bonus.make_coefficient()
+        self.sign_controller = algorithm.entropy_control.make_step_controller()  # the PI controller, or None
         self.canary = LogprobCanary(threshold=rollout.canary_threshold, patience=rollout.canary_patience)
         self.verifiers = VerifierPool()
         self.same_batch_entropy = telemetry is not None and telemetry.same_batch_entropy
@@ -158,6 +159,7 @@ class STAREModule(LightningModule):
             reference=ReferencePolicy.of(self.policy, self.reference) if self.algorithm.uses_reference() else None,
             controller=self.controller,
             entropy_coefficient=self.entropy_coefficient,
+            sign_controller=self.sign_controller,
             optimizer_step=self._optimizer_step,
             backward=self.optimizer_steps.backward(self.manual_backward),
             device=self.device,
@@ -171,6 +173,8 @@ class STAREModule(LightningModule):
     def _stateful(self) -> dict:
         """What a checkpoint keeps besides weights, optimizer and telemetry (None: this run has no such part)."""
         parts = {"controller": self.controller, "entropy_coefficient": self.entropy_coefficient}
+        if self.sign_controller is not None:  # absent otherwise, so other runs' checkpoints are as before
+            parts["entropy_pi"] = self.sign_controller
         return {**parts, "optimizer_steps": self.optimizer_steps}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

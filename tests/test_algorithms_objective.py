@@ -10,8 +10,8 @@ from stare_lightning.algorithms import (
     LossNormalizer,
     LossSpec,
     policy_loss,
-    stare_weights_for_scope,
 )
+from tests.test_algorithms_stare import one_part_weights
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -64,7 +64,7 @@ def test_unit_weights_are_plain_grpo(mode, dual):
     norm = LossNormalizer.from_mask(mask, max_response_length=10)
     plain, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm)
     ones, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, token_weights=torch.ones_like(lp))
-    gate_off, _ = stare_weights_for_scope(lp, adv, mask, scope="step", gate_on=False)
+    gate_off, _ = one_part_weights(lp, adv, mask, scope="step", gate_on=False)
     off, _ = policy_loss(lp, old, adv, mask, LossSpec.of(cfg), norm, token_weights=gate_off.to(lp.dtype))
     assert torch.equal(plain, ones) and torch.equal(plain, off)
     assert plain.item() == pytest.approx(loop_grpo(lp, old, adv, mask, 0.2, 0.28, dual, mode, 10), rel=1e-12)
@@ -74,7 +74,7 @@ def test_stare_weights_never_flip_gradient_signs():
     lp, old, ref, ent, adv, mask = batch(1)
     cfg = AlgorithmConfig(policy_loss={"clip_eps_high": 0.28, "dual_clip_c": 3.0})
     norm = LossNormalizer.from_mask(mask)
-    weights, st = stare_weights_for_scope(lp, adv, mask, scope="step", variant="C2", top_ratio=0.5, w=1.5, m=0.5)
+    weights, st = one_part_weights(lp, adv, mask, scope="step", variant="C2", top_ratio=0.5, w=1.5, m=0.5)
     assert st.selected_pos.item() > 0 and st.selected_neg.item() > 0
     grads = []
     for wts in (None, weights.to(lp.dtype)):
@@ -131,7 +131,7 @@ def test_micro_batches_with_global_counts_equal_one_batch(mode):
         kl={"coef": 0.1},
         entropy_bonus={"coef": 0.01},
     )
-    weights, _ = stare_weights_for_scope(lp, adv, mask, scope="step", variant="C2", top_ratio=0.3)
+    weights, _ = one_part_weights(lp, adv, mask, scope="step", variant="C2", top_ratio=0.3)
     norm = LossNormalizer.from_mask(mask, max_response_length=12)
     x = lp.clone().requires_grad_()
     full, full_stats = policy_loss(

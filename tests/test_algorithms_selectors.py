@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stare_lightning.algorithms import STAREConfig, stare_token_weights, stare_weights_for_scope
+from stare_lightning.algorithms import STAREConfig, stare_token_weights
 from stare_lightning.algorithms.selectors import STARE_SELECTORS
 from stare_lightning.step.selection import SelectionTiming, selection_timing
-from tests.test_algorithms_stare import k_of, loop_weights_segments, random_batch
+from tests.test_algorithms_stare import k_of, loop_weights_segments, one_part_weights, random_batch
 
 
 def test_every_selector_is_registered_with_what_it_reads():
@@ -81,7 +81,7 @@ def test_random_selector_picks_every_token_of_a_sign_equally_often():
 def test_random_selector_needs_a_generator():
     lp, adv, mask, _ = random_batch(0)
     with pytest.raises(ValueError, match="generator=None is not allowed with selector='random'"):
-        stare_weights_for_scope(lp, adv, mask, selector="random")
+        one_part_weights(lp, adv, mask, selector="random")
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,29 @@ import torch
 from stare_lightning.algorithms import (
     STAREConfig,
     STAREController,
+    STARERule,
     StepParams,
     clipped_surrogate,
     stare_token_weights,
     stare_weights_for_scope,
 )
 from stare_lightning.distributed import gather_variable_length
+
+
+def one_part_weights(lp, adv, mask, *, scope="step", sensitivity=None, entropy=None, generator=None, **settings):
+    """``stare_weights_for_scope`` on a single [B, T] part with the rule's fields as keywords: (weights, stats)."""
+    (weights,), (stats,) = stare_weights_for_scope(
+        [lp],
+        [adv],
+        [mask],
+        rule=STARERule.of(**settings),
+        scope=scope,
+        sensitivity=None if sensitivity is None else [sensitivity],
+        entropy=None if entropy is None else [entropy],
+        generator=generator,
+    )
+    return weights, stats
+
 
 # ---------------------------------------------------------------- slow references
 
@@ -209,10 +226,11 @@ def split_with_own_padding(lp, adv, mask, sens, sizes):
 @pytest.mark.parametrize("adv_1d", [True, False])
 def test_step_scope_independent_of_micro_batch_split(sizes, adv_1d):
     lp, adv, mask, sens = random_batch(8, adv_1d=adv_1d)
-    whole, _ = stare_weights_for_scope(lp, adv, mask, scope="step", variant="C2", top_ratio=0.2)
+    whole, _ = one_part_weights(lp, adv, mask, scope="step", variant="C2", top_ratio=0.2)
     parts = split_with_own_padding(lp, adv, mask, sens, sizes)
+    rule = STARERule.of(variant="C2", top_ratio=0.2)
     got, stats = stare_weights_for_scope(
-        [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], scope="step", variant="C2", top_ratio=0.2
+        [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], scope="step", rule=rule
     )
     row = 0
     for (plp, _, pmask, _), wts in zip(parts, got):
@@ -239,9 +257,7 @@ def test_other_scopes_match_loop(scope):
         [p[2] for p in parts],
         scope=scope,
         group_size=2,
-        variant="C2",
-        top_ratio=0.3,
-        selector="sensitivity",
+        rule=STARERule.of(variant="C2", top_ratio=0.3, selector="sensitivity"),
         sensitivity=[p[3] for p in parts],
     )
     want, _ = loop_weights_segments(parts, segment, 0.3, "C2", 1.1, 0.9, True, use_sensitivity=True)
@@ -251,29 +267,41 @@ def test_other_scopes_match_loop(scope):
 
 def test_micro_batch_scope_on_one_tensor_is_stare_token_weights():
     lp, adv, mask, _ = random_batch(10)
-    a, _ = stare_weights_for_scope(lp, adv, mask, scope="micro_batch", top_ratio=0.4)
+    a, _ = one_part_weights(lp, adv, mask, scope="micro_batch", top_ratio=0.4)
     b, _ = stare_token_weights(lp, adv, mask, top_ratio=0.4)
     assert torch.equal(a, b)
 
 
 def test_scope_value_errors():
     lp, adv, mask, _ = random_batch(11)
+    rule = STARERule()
     with pytest.raises(ValueError, match="scope"):
-        stare_weights_for_scope(lp, adv, mask, scope="batch")
+        stare_weights_for_scope([lp], [adv], [mask], rule=rule, scope="batch")
     with pytest.raises(ValueError, match="group_size"):
-        stare_weights_for_scope(lp, adv, mask, scope="group")
+        stare_weights_for_scope([lp], [adv], [mask], rule=rule, scope="group")
     with pytest.raises(ValueError, match="group_size"):
-        stare_weights_for_scope(lp, adv, mask, scope="group", group_size=4)  # 6 rows
+        stare_weights_for_scope([lp], [adv], [mask], rule=rule, scope="group", group_size=4)  # 6 rows
     with pytest.raises(ValueError, match="unknown"):
-        stare_weights_for_scope(lp, adv, mask, scope="step", topk=2)
+        STARERule.of(topk=2)
+    # One input type: a bare tensor (not a list of parts) and keyword settings (not a rule) are refused by name.
+    with pytest.raises(ValueError, match=r"logprobs is one tensor: pass a list"):
+        stare_weights_for_scope(lp, [adv], [mask], rule=rule)
+    with pytest.raises(ValueError, match=r"sensitivity is one tensor"):
+        stare_weights_for_scope([lp], [adv], [mask], rule=rule, sensitivity=lp)
+    with pytest.raises(ValueError, match="pass a STARERule"):
+        stare_weights_for_scope([lp], [adv], [mask], rule={"top_ratio": 0.2})
+    with pytest.raises(TypeError):
+        stare_weights_for_scope([lp], [adv], [mask], rule=rule, top_ratio=0.2)
+    weights, stats = stare_weights_for_scope([lp], [adv], [mask], rule=rule)  # the accepted form: lists out
+    assert isinstance(weights, list) and isinstance(stats, list) and len(weights) == len(stats) == 1
 
     # other scopes never communicate: a gather is accepted and not called
     def refuse(t):
         raise AssertionError("gather called")
 
-    a, _ = stare_weights_for_scope(lp, adv, mask, scope="sequence", gather=refuse)
-    b, _ = stare_weights_for_scope(lp, adv, mask, scope="sequence")
-    assert torch.equal(a, b)
+    a, _ = stare_weights_for_scope([lp], [adv], [mask], rule=rule, scope="sequence", gather=refuse)
+    b, _ = stare_weights_for_scope([lp], [adv], [mask], rule=rule, scope="sequence")
+    assert torch.equal(a[0], b[0])
 
 
 def test_gather_is_identity_without_distributed():
@@ -354,10 +382,11 @@ def test_controller_no_warning_on_finite():
 
 def test_step_scope_with_empty_parts():
     lp, adv, mask, _ = random_batch(12)
-    assert stare_weights_for_scope([], [], [], scope="step") == ([], [])
+    rule = STARERule.of(variant="C2", top_ratio=0.3)
+    assert stare_weights_for_scope([], [], [], rule=rule, scope="step") == ([], [])
     empty_mask = torch.zeros_like(mask)
     got, stats = stare_weights_for_scope(
-        [lp[:2], lp[2:]], [adv[:2], adv[2:]], [empty_mask[:2], mask[2:]], scope="step", variant="C2", top_ratio=0.3
+        [lp[:2], lp[2:]], [adv[:2], adv[2:]], [empty_mask[:2], mask[2:]], scope="step", rule=rule
     )
     whole, _ = stare_token_weights(lp[2:], adv[2:], mask[2:], variant="C2", top_ratio=0.3)
     assert torch.equal(got[0], torch.ones(2, lp.shape[1])) and torch.equal(got[1], whole)

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from stare_lightning.algorithms import stare_weights_for_scope
+from stare_lightning.algorithms import STARERule, stare_weights_for_scope
 from stare_lightning.distributed import gather_variable_length
 from tests.distributed import run_on_ranks
+from tests.test_algorithms_stare import one_part_weights
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +38,21 @@ def _worker(rank, world):
         lp, adv, mask, sens = (d0, d1)[rank]
         if kwargs.get("selector") == "sensitivity":
             kwargs = dict(kwargs, sensitivity=sens)
-        w, stats = stare_weights_for_scope(lp, adv, mask, scope="step", **kwargs)
+        w, stats = one_part_weights(lp, adv, mask, scope="step", **kwargs)
         results[f"w{i}"] = w
         results[f"sel_pos{i}"] = stats.selected_pos
         # the same local data as two micro-batches with their own padding
         half = lp.shape[0] // 2 or 1
         parts = [slice(0, half), slice(half, lp.shape[0])]
-        pk = dict(kwargs)
-        if "sensitivity" in pk:
-            pk["sensitivity"] = [sens[s] for s in parts]
+        pk = {key: value for key, value in kwargs.items() if key != "sensitivity"}
+        split_sens = [sens[s] for s in parts] if "sensitivity" in kwargs else None
         ws, _ = stare_weights_for_scope(
-            [lp[s] for s in parts], [adv[s] for s in parts], [mask[s] for s in parts], scope="step", **pk
+            [lp[s] for s in parts],
+            [adv[s] for s in parts],
+            [mask[s] for s in parts],
+            scope="step",
+            rule=STARERule.of(**pk),
+            sensitivity=split_sens,
         )
         results[f"wparts{i}"] = torch.cat(ws, 0)
     for n0, n1 in ((4, 0), (0, 0), (1, 3)):
@@ -70,7 +75,7 @@ def test_step_scope_two_ranks_equals_one_process(tmp_path):
         adv = torch.cat([d0[1], d1[1]])
         if kwargs.get("selector") == "sensitivity":
             kwargs = dict(kwargs, sensitivity=sens)
-        want, stats = stare_weights_for_scope(lp, adv, mask, scope="step", **kwargs)
+        want, stats = one_part_weights(lp, adv, mask, scope="step", **kwargs)
         b0 = d0[0].shape[0]
         for r, (rows, d) in enumerate(((slice(0, b0), d0), (slice(b0, None), d1))):
             local = want[rows, : d[0].shape[1]]

@@ -114,7 +114,7 @@ def test_logged_selection_is_the_applied_one(
 def test_reselection_ranks_the_current_policy(tmp_path, model_cache, monkeypatch):
     """Scope step with the current log-probs and two PPO epochs over one micro-batch: the second epoch's omega
     is the selection of the policy after the first optimizer step (and, at this learning rate, not the first's)."""
-    from stare_lightning.algorithms import stare_weights_for_scope
+    from tests.test_algorithms_stare import one_part_weights
 
     overrides = ["algorithm.update.ppo_epochs=2", "optim.lr=0.05", "forward.micro_batch_tokens=100000"]
     _, _, records = run_and_observe(tmp_path, monkeypatch, overrides, max_steps=2)
@@ -122,7 +122,7 @@ def test_reselection_ranks_the_current_policy(tmp_path, model_cache, monkeypatch
     assert first["omega"] is not None and second["omega"] is not None
     for record in (first, second):
         inputs = record["inputs"]
-        expected, _ = stare_weights_for_scope(
+        expected, _ = one_part_weights(
             inputs["current_logprobs"], inputs["advantages"], inputs["mask"], scope="step", top_ratio=0.1, w=W
         )
         assert torch.equal(record["omega"] == W, expected == W)

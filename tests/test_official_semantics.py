@@ -173,7 +173,7 @@ def test_exact_ties_are_taken_in_torch_topks_order_under_official_semantics():
     """Surprisals with many exact ties (identical tokens after identical prefixes, as in a group's first
     tokens): with ``tie_order=topk`` L+ and L- are the tokens the reference's ``topk`` takes; by position
     they differ, so the test tells the two orders apart."""
-    from stare_lightning.algorithms import stare_weights_for_scope
+    from tests.test_algorithms_stare import one_part_weights
 
     g = torch.Generator().manual_seed(2)
     surprisal = torch.randint(1, 4, (6, 10), generator=g).float()
@@ -184,8 +184,8 @@ def test_exact_ties_are_taken_in_torch_topks_order_under_official_semantics():
     assert stare.tie_order == "topk"
     selected = {}
     for order in ("topk", "position"):
-        _, stats = stare_weights_for_scope(-surprisal, advantages, mask, scope="micro_batch", variant="C2",
-                                           top_ratio=0.3, k_rounding="reference", tie_order=order)  # fmt: skip
+        _, stats = one_part_weights(-surprisal, advantages, mask, scope="micro_batch", variant="C2",
+                                    top_ratio=0.3, k_rounding="reference", tie_order=order)  # fmt: skip
         selected[order] = stats.selected
     for sign in (1, -1):
         candidates = mask & (advantages[:, None] * sign > 0)
@@ -197,13 +197,13 @@ def test_exact_ties_are_taken_in_torch_topks_order_under_official_semantics():
 def test_the_reference_k_rule_and_the_gate_before_any_measurement():
     """k = int(P n + 0.999999) (the reference code) against ceil(P n) (the project): apart only when P n lies
     within 1e-6 above an integer, here P n = 1.0000005; the reference controller's gate starts open."""
-    from stare_lightning.algorithms import stare_weights_for_scope
+    from tests.test_algorithms_stare import one_part_weights
 
     logprobs = -torch.arange(1.0, 11.0).view(1, 10)  # ten T+ tokens, surprisal 1..10
     mask = torch.ones(1, 10, dtype=torch.bool)
     picked = {}
     for rounding in ("ceil", "reference"):
-        _, stats = stare_weights_for_scope(
+        _, stats = one_part_weights(
             logprobs, torch.ones(1), mask, scope="micro_batch", top_ratio=0.10000005, w=W, k_rounding=rounding
         )
         picked[rounding] = int(stats.selected_pos)

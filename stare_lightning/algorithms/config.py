@@ -90,7 +90,14 @@ class STAREConfig:
     m: float = 0.9
     """M: the weight of L- tokens (negative advantage, most surprising) in C2 while the gate is open."""
     target_entropy: float = 0.3
-    """The gate opens on steps whose batch entropy (nats) is below this target."""
+    """The gate opens on steps whose batch entropy (nats) is below this target (the start of a target schedule)."""
+    target_schedule: str = "constant"
+    """How the target moves over the steps: constant (`target_entropy` throughout), or linear or cosine from
+    `target_entropy` to `target_end` over `target_horizon` steps, then held."""
+    target_end: float | None = None
+    """The target a linear or cosine schedule reaches at `target_horizon` (nats); null with `constant`."""
+    target_horizon: int | None = None
+    """Steps over which a linear or cosine schedule moves the target; null with `constant`."""
     selector: str = "surprisal"
     """What ranks the tokens (`algorithms/selectors/`): surprisal, the exact entropy sensitivity Phi (`sensitivity`),
     the predictive entropy (`entropy`), or a seeded uniform draw of the same count (`random`, the control)."""
@@ -137,9 +144,29 @@ class STAREConfig:
         choice(f"{p}tie_order", self.tie_order, ("position", "topk"))
         flag(f"{p}gate_starts_open", self.gate_starts_open)
         choice(f"{p}gate_aggregation", self.gate_aggregation, GATE_AGGREGATIONS)
+        self._check_target_schedule(p)
         if self.adaptive:
             number(f"{p}w", self.w, low=1.0, high=self.w_max)
             number(f"{p}m", self.m, low=self.m_min, high=1.0)
+
+    def _check_target_schedule(self, p: str) -> None:
+        registered(self, p, "target_schedule", lambda: _controller().TARGET_SCHEDULES)
+        if self.target_schedule == "constant":
+            for key in ("target_end", "target_horizon"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{p}{key}={getattr(self, key)!r} does nothing with {p}target_schedule=constant: set "
+                        f"{p}target_schedule=linear or cosine, or {p}{key}=null"
+                    )
+            return
+        for key in ("target_end", "target_horizon"):
+            if getattr(self, key) is None:
+                raise ValueError(
+                    f"{p}{key} is required with {p}target_schedule={self.target_schedule}: the schedule moves the "
+                    f"target from {p}target_entropy to {p}target_end over {p}target_horizon steps"
+                )
+        number(f"{p}target_end", self.target_end, low=0.0)
+        number(f"{p}target_horizon", self.target_horizon, low=1, integer=True)
 
     def make_controller(self) -> STAREController:
         """A fresh controller with these settings."""
@@ -155,6 +182,9 @@ class STAREConfig:
             m_min=self.m_min,
             timing=self.timing,
             gate_starts_open=self.gate_starts_open,
+            target_schedule=self.target_schedule,
+            target_end=self.target_end,
+            target_horizon=self.target_horizon,
         )
 
     def needs_sensitivity(self) -> bool:
@@ -224,7 +254,8 @@ class AlgorithmConfig:
         the policy moves within a rollout batch (several epochs or mini-batches), STARE's gate (the step's batch
         entropy, and with scope ``step`` the whole batch's surprisal, before the first micro-batch's loss), the
         adaptive entropy coefficient. Otherwise the update's first forward provides them."""
-        return (not self.update.on_policy) or self.stare.enabled or self.entropy_bonus.adaptive
+        uses_pi = self.entropy_control.name == "pi"
+        return (not self.update.on_policy) or self.stare.enabled or self.entropy_bonus.adaptive or uses_pi
 
     def needs_entropy(self) -> bool:
         """Whether the loss itself needs the per-token entropy with gradient (bonus or 80/20 rule)."""

@@ -13,6 +13,7 @@ import importlib
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from stare_lightning.algorithms.config_controllers import PIControlSettings
 from stare_lightning.config.checks import choice, flag, number, registered_choice
 
 if TYPE_CHECKING:
@@ -207,16 +208,19 @@ class TopEntropySettings:
 @dataclass
 class EntropyControlConfig:
     """``algorithm.entropy_control``: an entropy-control baseline (``algorithms/entropy_control.py``), named by
-    ``name``; each entry reads its own settings node (``clip_cov``, ``kl_cov``, ``top_entropy``)."""
+    ``name``; each entry reads its own settings node (``clip_cov``, ``kl_cov``, ``top_entropy``, ``pi``)."""
 
     name: str = "none"
-    """none, clip_cov, kl_cov or top_entropy."""
+    """none, clip_cov, kl_cov, top_entropy, or pi (a PI controller on the weights of positive and negative
+    samples, EntroPIC's style)."""
     clip_cov: ClipCovSettings = field(default_factory=ClipCovSettings)
     """Clip-Cov's settings."""
     kl_cov: KLCovSettings = field(default_factory=KLCovSettings)
     """KL-Cov's settings."""
     top_entropy: TopEntropySettings = field(default_factory=TopEntropySettings)
     """The 80/20 rule's settings."""
+    pi: PIControlSettings = field(default_factory=PIControlSettings)
+    """The PI controller's settings."""
 
     def __post_init__(self) -> None:
         built_sub_groups(self, "algorithm.entropy_control.")
@@ -230,6 +234,11 @@ class EntropyControlConfig:
     def settings(self):
         """The settings node of the chosen entry (None for ``none``)."""
         return getattr(self, self.name, None)
+
+    def make_step_controller(self):
+        """The step controller of the chosen entry (the PI controller for ``pi``), else None: the other entries act
+        per micro-batch and keep no state."""
+        return self.pi.make_controller() if self.name == "pi" else None
 
 
 @dataclass

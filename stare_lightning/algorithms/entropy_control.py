@@ -14,6 +14,10 @@ What it implements:
 - An adaptive entropy-bonus coefficient steered toward a target entropy, in the manner of
   Skywork-OR1 (He et al. 2025): coef <- clip(coef + lr * sign(H_tgt - H), min_coef, max_coef).
 
+The first three are token controls and the coefficient a step controller (``entropy_controller.py`` says what each
+reads, returns and keeps). Entry ``pi`` of the registry is the PI controller (``entropy_pi.py``), a step controller
+whose per-micro-batch part is empty.
+
 Departures: the 80/20 selection takes exactly k = ceil(fraction * N) tokens (ties broken by
 position) where the paper thresholds at the batch's entropy percentile (which keeps all ties); the
 covariance statistics are computed over the tokens given (a micro-batch, as in the reference code),
@@ -27,13 +31,11 @@ range-checked once, by their settings in ``algorithms/config.py`` (``algorithm.e
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from stare_lightning.algorithms.entropy_controller import ControlTerms, TokenControl, finite_entropy, missing_state
 from stare_lightning.algorithms.registry import Registry
 from stare_lightning.algorithms.surrogates import LOG_RATIO_CLAMP, broadcast_advantages, clip_masks
 
@@ -152,20 +154,8 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_fraction: float = 0.2) -
     return out
 
 
-@dataclass(frozen=True)
-class ControlTerms:
-    """What an entropy control does to one micro-batch's surrogate."""
-
-    detach: Tensor | None = None  # bool [B, T]: tokens whose surrogate gradient is removed (value kept)
-    penalty: Tensor | None = None  # [B, T]: added to the per-token loss
-    controlled: Tensor | None = None  # bool [B, T]: tokens detached or penalised (telemetry)
-    unclipped: bool = False  # the surrogate runs without its clip (KL-Cov replaces the clip by its penalty)
-
-
-# An entropy control maps (its own settings node of ``algorithm.entropy_control``, the policy loss's clip,
-# logprobs, old_logprobs, advantages [B, T], mask, entropy or None, generator) to its ControlTerms. The names are
-# ``algorithm.entropy_control.name``'s values.
-ENTROPY_CONTROLS: Registry[Callable[..., ControlTerms]] = Registry("algorithm.entropy_control.name")
+# The token controls (``entropy_controller.TokenControl``), by ``algorithm.entropy_control.name``'s values.
+ENTROPY_CONTROLS: Registry[TokenControl] = Registry("algorithm.entropy_control.name")
 
 
 @ENTROPY_CONTROLS.register("none")
@@ -210,8 +200,15 @@ def top_entropy(settings, clip, logprobs, old_logprobs, adv, mask, entropy, gene
     return ControlTerms(detach=mask.to(torch.bool) & ~top_entropy_mask(entropy, mask, settings.fraction))
 
 
+@ENTROPY_CONTROLS.register("pi")
+def pi_control(settings, clip, logprobs, old_logprobs, adv, mask, entropy, generator) -> ControlTerms:
+    """The PI controller (``entropy_pi.py``) acts through the step's token weights by advantage sign, set once per
+    step from the batch entropy; nothing per micro-batch."""
+    return ControlTerms()
+
+
 class AdaptiveEntropyCoefficient:
-    """Entropy-bonus coefficient steered toward a target entropy (see module doc).
+    """Entropy-bonus coefficient steered toward a target entropy (see module doc); a ``StepController``.
 
     update(H) moves the coefficient by lr toward more bonus when H < target and less when H > target
     (unchanged at equality), clips to [min_coef, max_coef], and returns the value to use in this
@@ -230,26 +227,23 @@ class AdaptiveEntropyCoefficient:
         self.last_entropy: float | None = None
 
     def update(self, entropy: float | Tensor) -> float:
-        value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
-        if not math.isfinite(value):
-            warnings.warn(
-                f"AdaptiveEntropyCoefficient.update got a non-finite entropy ({value}); keeping coef={self.coef}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        value = finite_entropy(entropy, "AdaptiveEntropyCoefficient", f"keeping coef={self.coef}")
+        if value is None:
             return self.coef
         direction = float((self.target > value) - (self.target < value))
         self.coef = min(max(self.coef + self.lr * direction, self.min_coef), self.max_coef)
         self.last_entropy = value
         return self.coef
 
+    def metrics(self) -> dict[str, float]:
+        """``entropy_bonus/coef``: the coefficient this step's loss applies."""
+        return {"entropy_bonus/coef": self.coef}
+
     def state_dict(self) -> dict[str, float | None]:
         return {"coef": self.coef, "last_entropy": self.last_entropy}
 
     def load_state_dict(self, state: dict[str, float | None]) -> None:
-        missing = {"coef", "last_entropy"} - set(state)
-        if missing:
-            raise ValueError(f"AdaptiveEntropyCoefficient state is missing keys {sorted(missing)}")
+        missing_state("AdaptiveEntropyCoefficient", state, {"coef", "last_entropy"})
         self.coef = float(state["coef"])
         last = state["last_entropy"]
         self.last_entropy = None if last is None else float(last)

@@ -56,8 +56,6 @@ STARE_SCOPES = ("step", "micro_batch", "sequence", "group")
 
 _CEIL_TOL = 1e-7
 
-TensorOrList = Tensor | Sequence[Tensor]
-
 
 @dataclass
 class STAREStats:
@@ -264,17 +262,19 @@ def stare_token_weights(
     predictive entropy [B, T], required by selector "entropy"; generator: the draw of selector "random".
     ``rule``: a ``STARERule``, or its fields as keyword ``settings`` (variant="C2", top_ratio=0.2, ...).
     """
-    return stare_weights_for_scope(
-        logprobs,
-        advantages,
-        mask,
+    if rule is not None and settings:
+        raise ValueError(f"pass a STARERule or its settings {sorted(settings)}, not both")
+    weights, stats = stare_weights_for_scope(
+        [logprobs],
+        [advantages],
+        [mask],
+        rule=rule if rule is not None else STARERule.of(**settings),
         scope="micro_batch",
-        sensitivity=sensitivity,
-        entropy=entropy,
+        sensitivity=None if sensitivity is None else [sensitivity],
+        entropy=None if entropy is None else [entropy],
         generator=generator,
-        rule=rule,
-        **settings,
     )
+    return weights[0], stats[0]
 
 
 def _segments(scope: str, num_parts: int, total_rows: int, group_size: int | None, device):
@@ -296,44 +296,42 @@ def _segments(scope: str, num_parts: int, total_rows: int, group_size: int | Non
 
 
 def stare_weights_for_scope(
-    logprobs: TensorOrList,
-    advantages: TensorOrList,
-    mask: TensorOrList,
+    logprobs: Sequence[Tensor],
+    advantages: Sequence[Tensor],
+    mask: Sequence[Tensor],
     *,
+    rule: STARERule,
     scope: str = "step",
     group_size: int | None = None,
     gather: Callable[[Tensor], Tensor] | None = None,
     rank: int | None = None,
-    sensitivity: TensorOrList | None = None,
-    entropy: TensorOrList | None = None,
+    sensitivity: Sequence[Tensor] | None = None,
+    entropy: Sequence[Tensor] | None = None,
     generator: torch.Generator | None = None,
-    rule: STARERule | None = None,
-    **settings,
-):
-    """STARE weights with the selection scope made explicit.
+) -> tuple[list[Tensor], list[STAREStats]]:
+    """STARE weights with the selection scope made explicit, for a sequence of parts.
 
-    Inputs are [B, T] tensors, or lists of them (e.g. the step's micro-batches, each with its own
-    padding); the output has the same structure: (weights, stats) or ([weights...], [stats...]).
+    Inputs are sequences of [B_i, T_i] tensors, one per part (e.g. the step's micro-batches, each with its own
+    padding; one part for a single batch); advantages may be [B_i]. The output is one weights tensor and one
+    ``STAREStats`` per part. ``rule``: the ``STARERule`` (``STARERule.of(...)`` builds one from keywords).
     scope: "step", one selection over all valid tokens given, concatenated across ranks by `gather`
     (default `gather_variable_length`, the identity on one process; `gather=lambda t: t` stays local;
     `rank` is this process's place in that concatenation, by default its global rank; every rank must
     call it); "micro_batch", a separate selection inside each part (the reference code's behaviour);
     "sequence", inside each row; "group", inside each block of `group_size` consecutive rows counted
     across the parts (the rows must be a multiple of group_size). Only "step" communicates.
-    ``rule``: a ``STARERule``, or its fields as keyword ``settings``, not both.
     """
     if scope not in STARE_SCOPES:
         raise ValueError(f"scope={scope!r} is not allowed: choose one of {STARE_SCOPES}")
-    if rule is not None and settings:
-        raise ValueError(f"pass a STARERule or its settings {sorted(settings)}, not both")
-    rule = rule if rule is not None else STARERule.of(**settings)
-    single = isinstance(logprobs, Tensor)
-
-    def parts(x):
-        return None if x is None else ([x] if single else list(x))
-
-    lps, advs, masks = parts(logprobs), parts(advantages), parts(mask)
-    sens, ents = parts(sensitivity), parts(entropy)
+    if not isinstance(rule, STARERule):
+        raise ValueError(f"rule={rule!r} is not allowed: pass a STARERule (STARERule.of(...) builds one)")
+    named = {"logprobs": logprobs, "advantages": advantages, "mask": mask, "sensitivity": sensitivity}
+    for name, value in {**named, "entropy": entropy}.items():
+        if isinstance(value, Tensor):
+            raise ValueError(f"{name} is one tensor: pass a list of [B, T] tensors, one per part ([{name}])")
+    lps, advs, masks = list(logprobs), list(advantages), list(mask)
+    sens = None if sensitivity is None else list(sensitivity)
+    ents = None if entropy is None else list(entropy)
     if not (len(lps) == len(advs) == len(masks)) or any(x is not None and len(x) != len(lps) for x in (sens, ents)):
         raise ValueError("logprobs, advantages, mask (and sensitivity, entropy) must have the same number of parts")
     extras = [
@@ -346,5 +344,4 @@ def stare_weights_for_scope(
         stream = _stream(lps, advs, masks, extras, rule.selector, seg_of_row, num_seg, device)
         step_gather = (gather or gather_variable_length) if scope == "step" else None
         sel_pos, sel_neg = _select(stream, num_seg, rule, step_gather, rank)
-        weights, stats = _part_results(stream, sel_pos, sel_neg, rule)
-    return (weights[0], stats[0]) if single else (weights, stats)
+        return _part_results(stream, sel_pos, sel_neg, rule)

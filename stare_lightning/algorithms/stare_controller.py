@@ -5,20 +5,44 @@ below the target; when adaptive, W moves up and M down by alpha while entropy is
 otherwise), clipped to [1, w_max] and [m_min, 1]. Departure from the reference code: the updated W/M
 apply from the step after the measurement (the paper's formula); ``timing="same_step"`` applies them at
 once, as the reference code does. The state is checkpointed (the reference code loses it on resume).
-Settings are range-checked by ``STAREConfig``, which builds the controller.
+
+The target may follow a schedule over the steps (``algorithm.stare.target_schedule``; beyond the paper, whose target
+is constant): at the k-th measured step (k = 0, 1, ...), with progress p = min(k / horizon, 1),
+``linear`` is H_start + (H_end - H_start) p and ``cosine`` is H_end + (H_start - H_end) (1 + cos(pi p)) / 2, where
+H_start = ``target_entropy``, H_end = ``target_end`` and horizon = ``target_horizon``; both hold H_end after the
+horizon. ``constant`` (the default) is ``target_entropy`` at every step. A step with a non-finite entropy does not
+advance the schedule (k counts measured steps, and is checkpointed).
+Settings are range-checked by ``STAREConfig``, which builds the controller. The controller is a
+``StepController`` (``entropy_controller.py``).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 from torch import Tensor
 
-__all__ = ["STARE_TIMINGS", "STAREController", "StepParams"]
+from stare_lightning.algorithms.entropy_controller import SignWeights, finite_entropy, missing_state
+
+__all__ = ["STARE_TIMINGS", "TARGET_SCHEDULES", "STAREController", "StepParams", "scheduled_target"]
 
 STARE_TIMINGS = ("next_step", "same_step")
+TARGET_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def scheduled_target(schedule: str, start: float, end: float, horizon: int, step: int) -> float:
+    """The gate's target at measured step ``step`` (0-based) under ``schedule`` (module docstring)."""
+    if schedule == "constant":
+        return start
+    progress = min(step / horizon, 1.0)
+    if schedule == "linear":
+        return start + (end - start) * progress
+    if schedule == "cosine":
+        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"target schedule {schedule!r} is not allowed: choose one of {TARGET_SCHEDULES}")
+
+
 _STATE_KEYS = {"gate_on", "w", "m", "last_entropy", "last_params", "num_updates"}
 
 
@@ -30,6 +54,7 @@ class StepParams:
     w: float
     m: float
     gate_entropy: float | None = field(default=None, compare=False)  # what the gate compared to its target
+    signs: SignWeights = SignWeights()  # token weights by advantage sign from a step controller (1, 1: none)
 
 
 # The parameters of a step without STARE: gate closed, every weight 1 (plain GRPO).
@@ -40,9 +65,9 @@ class STAREController:
     """Entropy gate and (optionally adaptive) weights, one `update` per training step.
 
     update(H) measures the step's batch entropy H and returns the StepParams for THIS step:
-    gate_on = H < target_entropy (strict). When adaptive, W <- clip(W + alpha sign(H_tgt - H), 1, w_max)
-    and M <- clip(M - alpha sign(H_tgt - H), m_min, 1); with timing "next_step" this step uses the
-    values from before the update, with "same_step" the updated values.
+    gate_on = H < H_tgt (strict), H_tgt this step's target under the schedule (``target_entropy`` when constant).
+    When adaptive, W <- clip(W + alpha sign(H_tgt - H), 1, w_max) and M <- clip(M - alpha sign(H_tgt - H), m_min, 1);
+    with timing "next_step" this step uses the values from before the update, with "same_step" the updated values.
     Attributes: gate_on, w, m (the values the NEXT update starts from), last_entropy, last_params.
     A non-finite entropy leaves the state unchanged, warns, and returns the previous step's params.
     """
@@ -58,8 +83,14 @@ class STAREController:
         m_min: float = 0.5,
         timing: str = "next_step",
         gate_starts_open: bool = False,
+        target_schedule: str = "constant",
+        target_end: float | None = None,
+        target_horizon: int | None = None,
     ) -> None:
         self.target_entropy = float(target_entropy)
+        self.target_schedule = target_schedule
+        self.target_end = self.target_entropy if target_end is None else float(target_end)
+        self.target_horizon = 1 if target_horizon is None else int(target_horizon)
         self.adaptive = bool(adaptive)
         self.alpha = float(alpha)
         self.w_max = float(w_max)
@@ -73,19 +104,18 @@ class STAREController:
         self.last_params = StepParams(gate_on=self.gate_on, w=self.w, m=self.m)
         self.num_updates = 0
 
+    def _target_at(self, step: int) -> float:
+        return scheduled_target(self.target_schedule, self.target_entropy, self.target_end, self.target_horizon, step)
+
     def update(self, entropy: float | Tensor) -> StepParams:
-        value = float(entropy.detach().float().item()) if isinstance(entropy, Tensor) else float(entropy)
-        if not math.isfinite(value):
-            warnings.warn(
-                f"STAREController.update got a non-finite entropy ({value}); keeping the previous state",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        value = finite_entropy(entropy, "STAREController", "keeping the previous state")
+        if value is None:
             return self.last_params
-        gate_on = value < self.target_entropy
+        target = self._target_at(self.num_updates)
+        gate_on = value < target
         before = (self.w, self.m)
         if self.adaptive:
-            direction = float((self.target_entropy > value) - (self.target_entropy < value))
+            direction = float((target > value) - (target < value))
             self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
             self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
         use_w, use_m = before if self.timing == "next_step" else (self.w, self.m)
@@ -94,6 +124,10 @@ class STAREController:
         self.last_params = StepParams(gate_on=gate_on, w=use_w, m=use_m, gate_entropy=value)
         self.num_updates += 1
         return self.last_params
+
+    def metrics(self) -> dict[str, float]:
+        """``stare/target``: the target the last measured step's gate compared with (the first step's before any)."""
+        return {"stare/target": self._target_at(max(self.num_updates - 1, 0))}
 
     def state_dict(self) -> dict[str, object]:
         return {
@@ -106,9 +140,7 @@ class STAREController:
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        missing = _STATE_KEYS - set(state)
-        if missing:
-            raise ValueError(f"STAREController state is missing keys {sorted(missing)}")
+        missing_state("STAREController", state, _STATE_KEYS)
         self.gate_on = bool(state["gate_on"])
         self.w = float(state["w"])
         self.m = float(state["m"])

@@ -188,14 +188,14 @@ class STARE:
         controller: re-ranking by the updated policy before a later optimizer step of the same batch."""
         params = self.params
         rule = dataclasses.replace(self._rule, w=params.w, m=params.m, gate_on=params.gate_on)
-        weights, stats = stare_weights_for_scope(
-            logprobs.detach(),
-            advantages.detach(),
-            mask,
+        (weights,), (stats,) = stare_weights_for_scope(
+            [logprobs.detach()],
+            [advantages.detach()],
+            [mask],
             scope=self.settings.scope,
             group_size=self.group_size,
-            sensitivity=None if phi is None else phi.detach(),
-            entropy=None if entropy is None else entropy.detach(),
+            sensitivity=None if phi is None else [phi.detach()],
+            entropy=None if entropy is None else [entropy.detach()],
             generator=generator,
             rule=rule,
         )

@@ -59,11 +59,27 @@ SECTIONS: list[tuple[str, dict[str, str]]] = [
             "train/stare/gate_on_rate": "The share of steps so far with the gate open (kept across a resume).",
             "train/stare/gate_entropy": "The entropy the gate compared to its target, where it differs from "
             "`train/entropy` (`algorithm.stare.gate_aggregation=like_loss`).",
+            "train/stare/target": "The entropy target the gate compared with this step: "
+            "`algorithm.stare.target_entropy`, or its value under `algorithm.stare.target_schedule` (linear or cosine "
+            "toward `target_end`).",
             "train/stare/w": "The W applied to L+ tokens this step (moves under the adaptive schedule).",
             "train/stare/m": "The M applied to L- tokens this step (C2; moves under the adaptive schedule).",
             "train/stare/selected_frac/pos": "|L+| / |T+|: the share of positive-advantage tokens STARE selected "
             "(what it would select while the gate is closed or STARE is off).",
             "train/stare/selected_frac/neg": "|L-| / |T-|: the share of negative-advantage tokens STARE selected.",
+        },
+    ),
+    (
+        "Other entropy controllers",
+        {
+            "train/pi/signal": "The PI controller's signal u this step (`algorithm.entropy_control.name=pi`): "
+            "positive-advantage tokens weigh 1 - u and negative-advantage tokens 1 + u.",
+            "train/pi/error": "Its error: `algorithm.entropy_control.pi.target` minus `train/entropy`.",
+            "train/pi/integral": "Its accumulated error (nat-steps), clipped to +-`pi.integral_limit`.",
+            "train/pi/weight_pos": "The weight of positive-advantage tokens this step (1 - u).",
+            "train/pi/weight_neg": "The weight of negative-advantage tokens this step (1 + u).",
+            "train/entropy_bonus/coef": "The entropy-bonus coefficient this step applied, when it adapts toward "
+            "`algorithm.entropy_bonus.target`.",
         },
     ),
     (

@@ -157,6 +157,7 @@ class TrainTelemetry(nn.Module):
         out["stare/w"], out["stare/m"] = float(stare_params.w), float(stare_params.m)
         if stare_params.gate_entropy is not None:  # differs from `entropy` when aggregated like the loss
             out["stare/gate_entropy"] = float(stare_params.gate_entropy)
+        out.update(result.control)  # the step controllers' signals: the schedule's target, the PI controller's
         # First-order forecast of the next step's entropy change: the exact quadrants' dH add up to the token
         # mean of omega * A * Phi, and lr stands in for the logit step size (its scale is nominal; its sign
         # and its correlation with the realised change are what it tells).

@@ -79,6 +79,8 @@ def micro_batch_loss(
         mask=part.response_mask,
         old_logprobs=old_logprobs,
         rollout_logprobs=part.rollout_logprobs,
+        advantages=part.advantages,
+        signs=params.signs,
     )
     loss, loss_stats = policy_loss(
         stats.logprobs,

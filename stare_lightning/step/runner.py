@@ -1,10 +1,10 @@
 """One training step without Lightning: collect, then score -> gate -> select -> update, for every algorithm.
 
-``StepRunner`` is handed what it works on (the policy, the optional reference policy, STARE's controller and the
-adaptive entropy coefficient, whose state the caller keeps and checkpoints) and the two things the trainer does
-its own way: ``backward`` and ``optimizer_step`` (clip, then step or skip; it returns the gradient norm, or None
-when it skipped). Every decision comes from the ``StepPlan``. The runner returns a ``StepResult`` for telemetry
-to log; it neither logs nor reads telemetry.
+``StepRunner`` is handed what it works on (the policy, the optional reference policy, the step controllers: STARE's
+controller, the adaptive entropy coefficient and the PI controller, whose state the caller keeps and checkpoints)
+and the two things the trainer does its own way: ``backward`` and ``optimizer_step`` (clip, then step or skip; it
+returns the gradient norm, or None when it skipped). Every decision comes from the ``StepPlan``. The runner returns
+a ``StepResult`` for telemetry to log; it neither logs nor reads telemetry.
 
 The stages: ``collect`` rolls out through the injected sampler, verifies, computes advantages and filters
 groups; ``learn`` then (with the reference's balancing) deals the step's rows to ranks by workload, scores the
@@ -19,7 +19,7 @@ afterwards only describe what STARE would have done.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from stare_lightning import distributed
 from stare_lightning.algorithms import AdaptiveEntropyCoefficient, STAREController
+from stare_lightning.algorithms.entropy_controller import StepController
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.models.reference import ReferencePolicy
 from stare_lightning.rewards.pool import VerifierPool
@@ -60,6 +61,7 @@ class StepResult:
     micro_batch_sums: list[dict[str, Tensor]]  # ``policy_loss``'s sums and the micro-batch's ``loss``
     grad_norms: list[float | None]  # per optimizer step; None: skipped (non-finite)
     entropy_change: tuple[Tensor, Tensor] | None = None  # (realised, first-order) on the step's own tokens
+    control: dict[str, float] = field(default_factory=dict)  # the step controllers' signals (``Gate.metrics``)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class StepRunner:
         reference: ReferencePolicy | None = None,
         controller: STAREController | None = None,
         entropy_coefficient: AdaptiveEntropyCoefficient | None = None,
+        sign_controller: StepController | None = None,
         device: torch.device | None = None,
         world_size: int = 1,
         same_batch_entropy: bool = False,
@@ -96,7 +99,14 @@ class StepRunner:
         self.optimizer_step, self.backward = optimizer_step, backward
         self.controller, self.entropy_coefficient = controller, entropy_coefficient
         self.device = device or torch.device("cpu")
-        self.gate = Gate(plan.gate_aggregation, controller, entropy_coefficient, plan.max_response_length, self.device)
+        self.gate = Gate(
+            plan.gate_aggregation,
+            controller,
+            entropy_coefficient,
+            plan.max_response_length,
+            self.device,
+            sign_controller,
+        )
         self.selection = plan.token_selection
         self.world_size = world_size
         self.same_batch_entropy = same_batch_entropy
@@ -156,6 +166,7 @@ class StepRunner:
             micro_batch_sums=update.micro_batch_sums,
             grad_norms=update.grad_norms,
             entropy_change=change,
+            control=self.gate.metrics(),
         )
 
     # ------------------------------------------------------------------------------------ score, gate, select

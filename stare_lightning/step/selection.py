@@ -34,6 +34,7 @@ from stare_lightning.algorithms import (
     entropy_sensitivity,
 )
 from stare_lightning.algorithms.config import STAREConfig
+from stare_lightning.algorithms.entropy_controller import StepController
 from stare_lightning.algorithms.selectors import STARE_SELECTORS
 from stare_lightning.algorithms.stare import STARERule, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
@@ -85,16 +86,18 @@ class GateReading:
 
 @dataclass
 class Gate:
-    """What reads the step's batch entropy: STARE's controller and the adaptive entropy coefficient (either may
-    be None; the caller keeps and checkpoints their state). ``aggregation``: how STARE's gate aggregates the
-    entropy (the plan's ``gate_aggregation``). ``measure`` only measures; ``advance`` moves the controller and the
-    coefficient one step on a reading, so that each happens once per step and visibly."""
+    """What reads the step's batch entropy: the step controllers (``algorithms/entropy_controller.py``): STARE's
+    controller, the adaptive entropy coefficient and a controller of token weights by advantage sign (the PI
+    controller); any may be None, and the caller keeps and checkpoints their state. ``aggregation``: how STARE's gate
+    aggregates the entropy (the plan's ``gate_aggregation``). ``measure`` only measures; ``advance`` moves every
+    controller one step on a reading, so that each happens once per step and visibly."""
 
     aggregation: str
     controller: STAREController | None
     entropy_coefficient: AdaptiveEntropyCoefficient | None
     max_response_length: int
     device: torch.device
+    sign_controller: StepController | None = None
 
     def measure(self, scores: TokenScores, batch: RolloutBatch) -> GateReading:
         """H_k over all ranks, and the gate's value (aggregated as ``aggregation`` says; H_k for the token mean)."""
@@ -107,13 +110,23 @@ class Gate:
         return GateReading(entropy=entropy, gate_value=gate_value)
 
     def advance(self, reading: GateReading) -> StepParams:
-        """The adaptive entropy coefficient and STARE's controller take their step on ``reading``; returns this
-        step's STARE parameters (plain GRPO's without a controller)."""
+        """The adaptive entropy coefficient, STARE's controller and the sign controller take their step on
+        ``reading``; returns this step's parameters (plain GRPO's without a controller), with the sign controller's
+        token weights when there is one."""
         if self.entropy_coefficient is not None:
             self.entropy_coefficient.update(reading.entropy)
-        if self.controller is None:
-            return GRPO_PARAMS
-        return self.controller.update(reading.gate_value)
+        params = GRPO_PARAMS if self.controller is None else self.controller.update(reading.gate_value)
+        if self.sign_controller is not None:
+            params = replace(params, signs=self.sign_controller.update(reading.entropy))
+        return params
+
+    def metrics(self) -> dict[str, float]:
+        """Every step controller's control signal after its last step (``StepController.metrics``)."""
+        out: dict[str, float] = {}
+        for part in (self.controller, self.entropy_coefficient, self.sign_controller):
+            if part is not None:
+                out.update(part.metrics())
+        return out
 
 
 # -------------------------------------------------------------------------------------------------- selection
@@ -216,14 +229,14 @@ class TokenSelection:
         """The selection over the step's batch (gathered across ranks), from ``scores``. Its omega is None when no
         STARE weight applies (STARE off or its gate closed). ``seed``: the step's (a random selector draws from it,
         mixed with the rank, so the ranks' draws differ)."""
-        omega, stats = stare_weights_for_scope(
-            scores.logprobs,
-            batch.advantages,
-            batch.response_mask,
+        (omega,), (stats,) = stare_weights_for_scope(
+            [scores.logprobs],
+            [batch.advantages],
+            [batch.response_mask],
             scope=self.scope if self.scope != "micro_batch" else "step",
             group_size=self.group_size,
-            sensitivity=scores.phi,
-            entropy=scores.entropy,
+            sensitivity=[scores.phi],
+            entropy=[scores.entropy],
             generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
             rule=self.rule_for(params, gate_on=True),
         )
@@ -241,13 +254,13 @@ class TokenSelection:
             return part.stare_weights, part.stare_selected
         current_phi, current_entropy = self.loss_forward_needs()
         ranked = stats.logprobs.detach() if self.current else old_logprobs
-        omega, selection = stare_weights_for_scope(
-            ranked.detach(),
-            part.advantages,
-            part.response_mask,
+        (omega,), (selection,) = stare_weights_for_scope(
+            [ranked.detach()],
+            [part.advantages],
+            [part.response_mask],
             scope=self.scope,
-            sensitivity=_sensitivity(stats) if current_phi else part.phi,
-            entropy=stats.entropy.detach() if current_entropy else part.entropy,
+            sensitivity=[_sensitivity(stats) if current_phi else part.phi],
+            entropy=[stats.entropy.detach() if current_entropy else part.entropy],
             generator=_generator(seed),
             rule=self.rule_for(params, gate_on=params.gate_on),
         )
