@@ -92,7 +92,7 @@ def time_server(model_dir: str, policy, syncs: int, log_dir: Path) -> dict:
     from stare_lightning.rollout.server.client import ServerClient
     from stare_lightning.rollout.server.engine import ServerRolloutEngine
     from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
-    from stare_lightning.rollout.server.transfer_dir import default_base
+    from stare_lightning.rollout.transfer_dir import default_base
 
     adapters = AdapterSync.of(LoraConfig(rank=RANK))
     sockets = Path(tempfile.mkdtemp(prefix="bench-lora-servers-", dir=default_base()))

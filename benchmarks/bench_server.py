@@ -312,7 +312,7 @@ def time_pushes(engine, client: TimedClient, model, pushes: int) -> dict:
 def time_packing(model, chunk_bytes: int, repeats: int) -> float:
     """Median seconds of gather + pack + write of the chunk files alone, into a scratch transfer directory."""
     from stare_lightning.rollout.server.transfer import write_chunks
-    from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+    from stare_lightning.rollout.transfer_dir import TransferDirectory
     from stare_lightning.rollout.weights import iter_full_weights
 
     directory, times = TransferDirectory(), []

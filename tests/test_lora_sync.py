@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import apply_lora
-from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
+from stare_lightning.rollout.adapters import AdapterSync, adapter_weights, write_adapter
 from stare_lightning.rollout.base import SamplingParams
-from stare_lightning.rollout.server.transfer_dir import TransferDirectory, default_base
+from stare_lightning.rollout.transfer_dir import TransferDirectory, default_base
 from stare_lightning.rollout.weights import iter_full_weights
 from tests.needs import require
 from tests.test_config import compose_run as compose_config
@@ -106,11 +106,7 @@ def test_adapter_weights_refuse_an_adapter_the_engine_would_not_serve(tiny_dir):
         list(adapter_weights(policy))
 
 
-def test_the_kept_window_and_vllms_rank_buckets():
-    loaded = LoadedAdapters(keep=2)
-    assert loaded.current is None
-    assert [loaded.add(name, name.upper()) for name in ("a", "b", "c", "d")] == [[], [], [("a", "A")], [("b", "B")]]
-    assert loaded.names == ["c", "d"] and loaded.current == "D"
+def test_vllms_rank_buckets():  # the kept window: tests/test_adapter_versions.py
     assert [AdapterSync.of(LoraConfig(rank=r)).max_lora_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
     assert AdapterSync.of(LoraConfig(rank=16), max_staleness=2).vllm_kwargs()["max_loras"] == 3
     with pytest.raises(ValueError, match="largest rank vLLM serves"):
@@ -168,12 +164,12 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
             assert _largest_gap(rollouts, policy) < SAME_LOGPROBS
             with policy.disable_adapter():  # the check could fail: the base alone samples other log-probs
                 assert _largest_gap(rollouts, policy) > 100 * SAME_LOGPROBS
-        assert engine._loaded.names == ["policy-v2"] and engine.llm.llm_engine.list_loras() == {2}
-        assert engine._adapter_dir.names() == ["policy-v2"]  # the first version's files are gone
+        assert engine._adapters.names == ["policy-v2"] and engine.llm.llm_engine.list_loras() == {2}
+        assert engine._adapters.directory().names() == ["policy-v2"]  # the first version's files are gone
         merged = sum(t.numel() * t.element_size() for _, t in iter_full_weights(policy))
         adapters = sum(t.numel() * t.element_size() for _, t in adapter_weights(policy))
         assert engine.last_sync_bytes == adapters < merged / 10
-        path = engine._adapter_dir.path
+        path = engine._adapters.directory().path
     finally:
         engine.close()
     assert not path.exists()
@@ -223,7 +219,7 @@ def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logpro
         engine.version = "v1"  # two pushes ago: unloaded, and its files deleted
         with pytest.raises(RolloutServerError, match="test-v1"):
             engine.generate(PROMPTS, PARAMS, seeds=[3, 4])
-        assert engine._transfer_dir.names() == ["test-v2", "test-v3"]
+        assert engine._adapters.directory().names() == ["test-v2", "test-v3"]
         assert engine.last_sync_bytes == sum(t.numel() * t.element_size() for _, t in adapter_weights(policies[3]))
         assert {"test-v2", "test-v3"} <= _served(client)
     finally:
@@ -327,7 +323,7 @@ def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_ad
     adapter, loaded as the trainer's would be, serves other log-probs, so a served swap would show."""
     from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
     from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+    from stare_lightning.rollout.transfer_dir import UnsafeTransferDirectory
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -340,8 +336,7 @@ def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_ad
     engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="swap", transfer_dir=str(base))
     swapper, outcomes, look_alike, real = None, [], project / "look-alike", base.stat().st_ino
     try:
-        engine._directory(announce=False)  # made now, so that the look-alike copies its name
-        inner = engine._transfer_dir.name
+        inner = engine._adapters.directory().name  # made now, so that the look-alike copies its name
         for version in range(1, 5):  # the names the trainer will load, with the attacker's adapter in each
             _write_adapter_files_tree(look_alike / inner, f"swap-v{version}", adapter_weights(attacker_policy), sync)
         _chown_tree(look_alike, other_user)

@@ -27,7 +27,7 @@ from stare_lightning.rollout.server.transfer import (
     parse_chunk,
     write_chunks,
 )
-from stare_lightning.rollout.server.transfer_dir import default_base
+from stare_lightning.rollout.transfer_dir import default_base
 
 TOKEN = "test-token-" + "0123456789" * 3
 HTTP_TIMEOUT_S = 120  # one request on a busy two-core machine; a push of the tiny model takes well under a second
@@ -542,7 +542,7 @@ def test_a_transfer_directory_swapped_mid_run_ends_the_push_in_one_line(server, 
     """``rollout.server.transfer_dir`` (root's, 0755) in a directory another user owns: after the first push that
     user renames it away and plants a directory of the run's name with a link to a root-owned file. The next push
     stops, saying the directory was replaced; the file keeps its bytes; the server keeps the first push's weights."""
-    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+    from stare_lightning.rollout.transfer_dir import UnsafeTransferDirectory
 
     url, directory = server
     parent = shared_scratch / "project"

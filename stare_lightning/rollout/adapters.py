@@ -7,7 +7,8 @@ at its start, which are the policy's frozen base.
 Files. vLLM loads an adapter from a directory in peft's format: ``adapter_config.json`` and
 ``adapter_model.safetensors`` under peft's saved names (``base_model.model.<layer>.lora_A.weight``). Every weight
 version is written into a sub-directory of its own in a private transfer directory (``transfer_dir.py``: mode
-0700, every file created through a descriptor), loaded under a new name, and deleted once no longer served.
+0700, every file created through a descriptor), loaded under a new name, and deleted once no longer served
+(``adapter_versions.py`` runs that lifecycle for both engines).
 
 Versions. ``rollout.max_staleness + 1`` versions stay loaded (vLLM's ``max_loras``); older ones are unloaded before
 their files go, and a run's last versions when it ends, from servers it did not launch. This project's producer
@@ -26,16 +27,15 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from stare_lightning.models.config import VLLM_RANKS, LoraConfig
 from stare_lightning.models.lora import ADAPTER, PEFT_PREFIX
-from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
+from stare_lightning.rollout.transfer_dir import ChunkDirectory
 from stare_lightning.rollout.weights import checkpoint_name, full_tensor
 
-__all__ = ["AdapterSync", "LoadedAdapters", "adapter_weights", "write_adapter"]
+__all__ = ["AdapterSync", "adapter_weights", "write_adapter"]
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 
@@ -132,28 +132,3 @@ def write_adapter(
             out.write(save(tensors))
         path = adapter.path
     return AdapterFiles(path, sum(t.numel() * t.element_size() for t in tensors.values()))
-
-
-class LoadedAdapters:
-    """The adapter versions an engine serves, oldest first, each with what the engine needs to name it in a request
-    (vLLM's ``LoRARequest`` colocated, nothing on a server); ``add`` returns the versions that fell out of the kept
-    window."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep, self.loaded = keep, {}
-
-    def add(self, name: str, handle: Any = None) -> list[tuple[str, Any]]:
-        self.loaded[name] = handle
-        dropped = list(self.loaded.items())[: -self.keep]
-        for old, _ in dropped:
-            del self.loaded[old]
-        return dropped
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.loaded)
-
-    @property
-    def current(self) -> Any:
-        """The newest version's handle (None before the first)."""
-        return self.loaded[next(reversed(self.loaded))] if self.loaded else None

@@ -15,7 +15,7 @@ from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfi
 from stare_lightning.rollout.server.auth import check_token
 from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.engine import ServerRolloutEngine
-from stare_lightning.rollout.server.transfer_dir import check_transfer_base, default_base
+from stare_lightning.rollout.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
 
