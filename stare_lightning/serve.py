@@ -89,7 +89,7 @@ def _stop_serving(signum, frame) -> None:
 
 
 def _serve(cfg, token: str | None) -> None:
-    from stare_lightning.rollout.factory import adapter_sync
+    from stare_lightning.rollout.lora_sync import adapter_sync
     from stare_lightning.rollout.server.client import RolloutServerError
     from stare_lightning.rollout.server.connect import launch_servers
     from stare_lightning.train import prepare_model

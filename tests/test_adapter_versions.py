@@ -46,7 +46,7 @@ class Recorder:
 
 
 def _versions(tmp_path, recorder: Recorder, keep: int = 2, prefix: str = "policy") -> AdapterVersions:
-    sync = AdapterSync(rank=RANK, alpha=4.0, target_modules=("q_proj",), versions=keep)
+    sync = AdapterSync(rank=RANK, alpha=4.0, target_modules=("q_proj",), versions=keep, max_lora_rank=8)
     under = tmp_path / "transfer"
     under.mkdir(mode=0o700)
     return AdapterVersions(sync, load=recorder.load, unload=recorder.unload, prefix=prefix, under=under)

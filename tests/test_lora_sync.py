@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import apply_lora
 from stare_lightning.rollout.adapters import AdapterSync, adapter_weights, write_adapter
+from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
 from stare_lightning.rollout.base import SamplingParams
 from stare_lightning.rollout.transfer_dir import TransferDirectory, default_base
 from stare_lightning.rollout.weights import iter_full_weights
@@ -27,6 +28,7 @@ from tests.test_config import compose_run as compose_config
 require("peft")
 
 RANK = 4
+VLLM_LORA_RANK = ROLLOUT_BACKENDS["vllm"].adapter_rank(RANK)  # the buffers vLLM serves this rank in
 PROMPTS = [[1, 9, 10, 11, 12], [1, 30, 31, 32]]
 TOKEN = "test-token-" + "0123456789" * 3
 # fp32 on both sides; vLLM applies B (A x) where the trainer folds nothing: rounding only.
@@ -67,7 +69,7 @@ PARAMS = SamplingParams(n=2, max_new_tokens=8, temperature=1.0)
 # ------------------------------------------------------------------------------------------- the files
 def test_an_adapter_is_written_as_peft_saves_it_in_a_private_directory(tiny_dir):
     policy = _policy(tiny_dir, seed=1)
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=0)
     directory = TransferDirectory()
     try:
         files = write_adapter(directory, "v1", adapter_weights(policy), sync)
@@ -107,10 +109,24 @@ def test_adapter_weights_refuse_an_adapter_the_engine_would_not_serve(tiny_dir):
 
 
 def test_vllms_rank_buckets():  # the kept window: tests/test_adapter_versions.py
-    assert [AdapterSync.of(LoraConfig(rank=r)).max_lora_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
-    assert AdapterSync.of(LoraConfig(rank=16), max_staleness=2).vllm_kwargs()["max_loras"] == 3
-    with pytest.raises(ValueError, match="largest rank vLLM serves"):
-        AdapterSync.of(LoraConfig(rank=600))
+    from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
+    from stare_lightning.rollout.config import RolloutConfig
+    from stare_lightning.rollout.lora_sync import adapter_sync
+
+    vllm, server = ROLLOUT_BACKENDS["vllm"], ROLLOUT_BACKENDS["server"]
+    adapter = RolloutConfig(backend="vllm", lora_sync="adapter", max_staleness=0)
+    assert [adapter_sync(adapter, LoraConfig(rank=r), vllm).max_lora_rank for r in (1, 4, 8, 9, 300)] == [
+        1,
+        8,
+        8,
+        16,
+        320,
+    ]
+    assert server.adapter_rank(300) == 320 and ROLLOUT_BACKENDS["hf"].adapter_rank(1) is None
+    on_server = RolloutConfig(backend="server", lora_sync="adapter", max_staleness=2)
+    assert adapter_sync(on_server, LoraConfig(rank=16), server).vllm_kwargs()["max_loras"] == 3
+    with pytest.raises(ValueError, match="vLLM serves LoRA adapters up to rank 512"):
+        adapter_sync(adapter, LoraConfig(rank=600), vllm)
 
 
 # --------------------------------------------------------------------------------------- the config
@@ -131,7 +147,7 @@ def test_lora_sync_settings_that_would_do_nothing_or_break_are_refused(tmp_path,
 def test_adapter_mode_is_the_default_on_gpus_where_the_backend_serves_adapters():
     from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
     from stare_lightning.rollout.config import RolloutConfig
-    from stare_lightning.rollout.factory import adapter_sync
+    from stare_lightning.rollout.lora_sync import adapter_sync
 
     lora, vllm, hf = LoraConfig(rank=8), ROLLOUT_BACKENDS["vllm"], ROLLOUT_BACKENDS["hf"]
     assert adapter_sync(RolloutConfig(backend="vllm"), lora, vllm, on_gpu=True) is not None
@@ -154,7 +170,7 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
     require("vllm")
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=0)
     engine = VLLMRolloutEngine(tiny_dir, seed=0, adapters=sync, kv_cache_memory_bytes=64 << 20, max_model_len=256)
     try:
         for seed in (1, 2):  # two versions: the second replaces the first
@@ -183,7 +199,7 @@ def lora_server(tiny_dir, tmp_path_factory):
 
     sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
     spec = ServerSpec(0, uds=str(sockets / "0.sock"))
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=1)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=1)
     with LaunchedServers(
         tiny_dir,
         [spec],
@@ -239,7 +255,7 @@ def test_adapter_names_keep_the_producers_versions():
     from stare_lightning.rollout.server.engine import ServerRolloutEngine
 
     client = ServerClient("http://127.0.0.1:9", token=TOKEN, timeout=1)
-    sync = AdapterSync.of(LoraConfig(rank=RANK))
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK)
     engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="run1a2b")
     merged = ServerRolloutEngine([client], chunk_bytes=1 << 20)
     try:

@@ -157,7 +157,7 @@ def test_lora_adapters_over_the_network_are_refused_before_a_server_starts(tmp_p
     from stare_lightning.rollout.server.connect import connect_servers
 
     server = ServerConfig(transfer="network", host="127.0.0.1", startup_timeout=1)
-    adapters = AdapterSync(rank=8, alpha=16.0, target_modules=("q_proj",), versions=1)
+    adapters = AdapterSync(rank=8, alpha=16.0, target_modules=("q_proj",), versions=1, max_lora_rank=8)
     with pytest.raises(RolloutServerError, match="rollout.lora_sync=adapter loads adapters from a directory"):
         connect_servers(server, str(tmp_path / "none"), dtype="float32", seed=0, log_dir=tmp_path, adapters=adapters)
     assert not list(tmp_path.iterdir())  # no server log: nothing was started

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from stare_lightning.models.config import VLLM_RANKS, LoraConfig
+from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import ADAPTER, PEFT_PREFIX
 from stare_lightning.rollout.transfer_dir import ChunkDirectory
 from stare_lightning.rollout.weights import checkpoint_name, full_tensor
@@ -42,36 +42,33 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 
 @dataclass(frozen=True)
 class AdapterSync:
-    """What an engine needs to serve a LoRA policy's adapters: their shape and how many versions stay loaded."""
+    """What an engine needs to serve a LoRA policy's adapters: their shape, the adapter-buffer rank they are served at
+    (the backend entry's, ``lora_sync.check_adapter_rank``) and how many versions stay loaded."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...]
     versions: int  # loaded at once: max_staleness + 1
+    max_lora_rank: int  # vLLM's --max-lora-rank: the smallest rank the backend serves >= rank
 
     @classmethod
-    def of(cls, lora: LoraConfig, *, max_staleness: int = 0) -> AdapterSync:
-        if lora.rank > VLLM_RANKS[-1]:
-            raise ValueError(
-                f"model.lora.rank={lora.rank} is above the largest rank vLLM serves ({VLLM_RANKS[-1]}): use "
-                "rollout.lora_sync=merged, or a smaller rank"
-            )
+    def of(cls, lora: LoraConfig, max_lora_rank: int, *, max_staleness: int = 0) -> AdapterSync:
         alpha = lora.scaling * lora.rank  # peft's lora_alpha: scaling = alpha / rank, as apply_lora sets it
-        return cls(lora.rank, alpha, tuple(lora.target_modules), versions=max_staleness + 1)
-
-    @property
-    def max_lora_rank(self) -> int:
-        return next(rank for rank in VLLM_RANKS if rank >= self.rank)
+        return cls(lora.rank, alpha, tuple(lora.target_modules), max_staleness + 1, max_lora_rank)
 
     def vllm_kwargs(self) -> dict:
         """``vllm.LLM``'s LoRA arguments."""
-        return dict(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=self.versions,
-                    max_cpu_loras=self.versions)  # fmt: skip
+        return dict(
+            enable_lora=True,
+            max_lora_rank=self.max_lora_rank,
+            max_loras=self.versions,
+            max_cpu_loras=self.versions,
+        )
 
     def server_args(self) -> list[str]:
         """The same, on a vLLM server's command line."""
-        return ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.versions),
-                "--max-cpu-loras", str(self.versions)]  # fmt: skip
+        buffers = ["--max-lora-rank", str(self.max_lora_rank)]
+        return ["--enable-lora", *buffers, "--max-loras", str(self.versions), "--max-cpu-loras", str(self.versions)]
 
     def peft_config(self) -> dict:
         """``adapter_config.json``: what vLLM reads of peft's LoRA config."""

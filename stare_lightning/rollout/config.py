@@ -17,8 +17,8 @@ from typing import Any
 from stare_lightning.config.checks import choice, flag, number
 from stare_lightning.rollout.backends import RolloutBackend, backend_choices, declared_backend
 from stare_lightning.rollout.base import SamplingParams
+from stare_lightning.rollout.lora_sync import LORA_SYNC_MODES, check_backend_takes
 
-LORA_SYNC_MODES = ("auto", "adapter", "merged")
 # rollout.server.transfer: how a push's weights reach the servers (rollout/server/placement.py picks for auto).
 TRANSFER_MODES = ("auto", "files", "network")
 
@@ -272,16 +272,7 @@ class RolloutConfig:
                 f"rollout.max_staleness={self.max_staleness} does nothing with rollout.backend={name}: an "
                 "engine inside the trainer cannot generate while the trainer updates; use rollout=server"
             )
-        if self.lora_sync != "auto" and backend is not None and not backend.holds_weight_copy:
-            raise ValueError(
-                f"rollout.lora_sync={self.lora_sync} does nothing with rollout.backend={name}: it generates with the "
-                "trainer's own module, so no weights are synced; leave it at auto"
-            )
-        if self.lora_sync == "adapter" and backend is not None and not backend.lora_adapters:
-            raise ValueError(
-                f"rollout.lora_sync=adapter needs a backend that serves LoRA adapters; rollout.backend={name} does "
-                "not: use lora_sync=merged, or rollout=vllm or rollout=server"
-            )
+        check_backend_takes(self.lora_sync, backend, name)
         if backend is None or backend.in_process_memory:
             return
         if self.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
