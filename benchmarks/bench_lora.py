@@ -92,9 +92,9 @@ def time_server(model_dir: str, policy, syncs: int, log_dir: Path) -> dict:
     from stare_lightning.models.config import LoraConfig
     from stare_lightning.rollout.adapters import AdapterSync
     from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
     from stare_lightning.rollout.transfer_dir import default_base
 
     adapters = AdapterSync.of(LoraConfig(rank=RANK), ROLLOUT_BACKENDS["server"].adapter_rank(RANK))

@@ -195,7 +195,7 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
 @pytest.fixture(scope="module")
 def lora_server(tiny_dir, tmp_path_factory):
     require("vllm")
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
 
     sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
     spec = ServerSpec(0, uds=str(sockets / "0.sock"))
@@ -215,8 +215,8 @@ def lora_server(tiny_dir, tmp_path_factory):
 
 @pytest.mark.vllm
 def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logprobs(lora_server, tiny_dir):
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -251,8 +251,8 @@ def _served(client) -> set[str]:
 
 def test_adapter_names_keep_the_producers_versions():
     """Every rank names a version's adapter the same way; merged weights name none."""
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 
     client = ServerClient("http://127.0.0.1:9", token=TOKEN, timeout=1)
     sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK)
@@ -279,7 +279,7 @@ def _write_adapter_files(folder: Path, weights, sync: AdapterSync) -> Path:
 
 def _served_gap(client, name: str, model: torch.nn.Module) -> float:
     """The largest |served - trainer| log-prob of a short sample drawn with adapter ``name``."""
-    from stare_lightning.rollout.server.engine import sampling_request
+    from stare_lightning.rollout.server.trainer_side.engine import sampling_request
 
     completion = client.generate(PROMPTS[0], sampling_request(PARAMS, 7, 8), adapter=name)[0]
     served = torch.tensor(completion.logprobs, dtype=torch.float64)
@@ -291,7 +291,7 @@ def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server,
     """Refused (400, one line on the trainer's side): an adapter holding NaN, one in a directory of another user, one
     reached through a link. The control: the same files in a directory of the server's user are loaded and served
     with their policy's log-probs."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -324,7 +324,7 @@ def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server,
 
 
 def _greedy() -> dict:
-    from stare_lightning.rollout.server.engine import sampling_request
+    from stare_lightning.rollout.server.trainer_side.engine import sampling_request
 
     return sampling_request(PARAMS, 3, 8)
 
@@ -337,8 +337,8 @@ def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_ad
     member exchanges it with a look-alike tree of theirs, again and again, while the trainer pushes adapters. Every
     push either serves the trainer's adapter (its log-probs) or stops in one line; the control: the look-alike's
     adapter, loaded as the trainer's would be, serves other log-probs, so a served swap would show."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
     from stare_lightning.rollout.transfer_dir import UnsafeTransferDirectory
 
     url, sync = lora_server
@@ -430,8 +430,8 @@ def test_the_servers_engine_ports_are_out_of_another_users_reach(lora_server, ot
     """The worker's gloo listeners (a dozen TCP ports) exist only in the server's own network namespace: another
     user's connect-and-close flood of those ports on the host's loopback reaches none of them and the server keeps
     serving. The control, a gloo group on the host's network dying of the same flood: tests/test_private_net.py."""
-    from stare_lightning.rollout.server import http
-    from stare_lightning.rollout.server.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side import http
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
     from tests.engine_ports import FLOOD, listening_ports, network_namespace, process_group, server_pid
 
     url, _ = lora_server

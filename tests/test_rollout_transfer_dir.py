@@ -10,7 +10,7 @@ import stat
 import pytest
 import torch
 
-from stare_lightning.rollout.server.transfer import write_chunks
+from stare_lightning.rollout.server.shared.transfer import write_chunks
 from stare_lightning.rollout.transfer_dir import (
     ChunkDirectory,
     TransferDirectory,

@@ -169,11 +169,11 @@ register_rollout_backend(
 register_rollout_backend(
     RolloutBackend(
         name=SERVER_BACKEND,
-        builder="stare_lightning.rollout.server.connect:build_server_engine",
+        builder="stare_lightning.rollout.server.trainer_side.connect:build_server_engine",
         summary="stock vLLM servers, launched with the run or running elsewhere; weights pushed over HTTP and files",
         served=True,
         server_settings=True,
         adapter_ranks=VLLM_LORA_RANKS,
-        preflight="stare_lightning.rollout.server.connect:check_running_servers",
+        preflight="stare_lightning.rollout.server.trainer_side.connect:check_running_servers",
     )
 )

@@ -19,7 +19,7 @@ from stare_lightning.rollout.backends import RolloutBackend, backend_choices, de
 from stare_lightning.rollout.base import SamplingParams
 from stare_lightning.rollout.lora_sync import LORA_SYNC_MODES, check_backend_takes
 
-# rollout.server.transfer: how a push's weights reach the servers (rollout/server/placement.py picks for auto).
+# rollout.server.transfer: how a push's weights reach the servers (trainer_side/placement.py picks for auto).
 TRANSFER_MODES = ("auto", "files", "network")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -294,7 +294,7 @@ class RolloutConfig:
                 f"rollout.engine_kwargs={self.engine_kwargs} is not allowed with rollout.backend={name}: they go to "
                 "an in-process vllm.LLM"
                 + (
-                    "; a server takes its settings on its command line (rollout/server/launch.py)"
+                    "; a server takes its settings on its command line (rollout/server/trainer_side/launch.py)"
                     if backend.served
                     else ""
                 )  # fmt: skip

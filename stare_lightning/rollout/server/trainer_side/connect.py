@@ -12,9 +12,9 @@ from stare_lightning import distributed
 from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.backends import EngineContext
 from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
-from stare_lightning.rollout.server.auth import check_token
-from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-from stare_lightning.rollout.server.engine import ServerRolloutEngine
+from stare_lightning.rollout.server.shared.token import check_token
+from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 from stare_lightning.rollout.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
@@ -66,7 +66,7 @@ def connect_servers(
 def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
     """Whether ``rollout.server.transfer`` resolves to the network (``placement.py``). Every rank decides, so a
     refusal stops every rank, not rank 0 alone while the others wait for it."""
-    from stare_lightning.rollout.server.placement import transfer_mode
+    from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
 
     if transfer_mode(server) != "network":
         return False
@@ -82,8 +82,8 @@ def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
 
 def _network_push(server: ServerConfig, clients: list[ServerClient], token: str | None):
     """Rank 0's side of the network transfer."""
-    from stare_lightning.rollout.server.net_push import NetworkPush
-    from stare_lightning.rollout.server.placement import network_address
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
+    from stare_lightning.rollout.server.trainer_side.placement import network_address
 
     if not token:  # a launched server always has one; servers reached by URL and no credential fail before this
         raise RolloutServerError(
@@ -145,7 +145,7 @@ def launch_servers(
 ):
     """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy; with
     ``adapters``, ready to load a LoRA policy's adapters at run time."""
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
 
     socket_dir = None
     if server.host == UNIX_HOST:

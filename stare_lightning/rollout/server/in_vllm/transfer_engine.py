@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-from stare_lightning.rollout.server.transfer import (
+from stare_lightning.rollout.server.shared.transfer import (
     DTYPES,
     ChunkSpec,
     TransferRefused,
@@ -119,7 +119,7 @@ class CheckedWeightTransferEngine(WeightTransferEngine[TransferInitInfo, FileUpd
         logger.info("Weight pushes read chunk files from %s (%d checkpoint tensors)", directory, len(expected))
 
     def _init_network(self, init: object) -> None:
-        from stare_lightning.rollout.server.net_receive import NetworkReceiver
+        from stare_lightning.rollout.server.in_vllm.net_receive import NetworkReceiver
 
         if self.parallel_config.world_size > 1 or self.parallel_config.data_parallel_size > 1:
             raise TransferRefused(

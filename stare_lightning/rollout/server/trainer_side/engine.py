@@ -40,7 +40,7 @@ from stare_lightning.rollout.base import (
     request_seeds,
     rollouts_from_samples,
 )
-from stare_lightning.rollout.server.client import Completion, RolloutServerError, ServerClient
+from stare_lightning.rollout.server.trainer_side.client import Completion, RolloutServerError, ServerClient
 from stare_lightning.rollout.transfer_dir import TransferDirectory
 from stare_lightning.rollout.weights import finite_weights, iter_full_weights
 
@@ -194,7 +194,7 @@ class ServerRolloutEngine:
     def push(self, weights, version: str | None = None) -> str:
         """Send ``weights`` (rank 0's ``gather_weights``) to every server under ``version`` (default: the next
         ``push-N``) and return it. Rank 0 only, and no collective: the caller makes the other ranks wait."""
-        from stare_lightning.rollout.server.transfer import write_chunks
+        from stare_lightning.rollout.server.shared.transfer import write_chunks
 
         self.pushes += 1
         version = version or f"push-{self.pushes}"
@@ -222,7 +222,7 @@ class ServerRolloutEngine:
     def _push_network(self, weights, version: str) -> str:
         """The round over the network (``net_push.py``): every chunk packed, and its digest taken, before a server is
         paused, as with files."""
-        from stare_lightning.rollout.server.net_wire import pack_chunks
+        from stare_lightning.rollout.server.shared.net_wire import pack_chunks
 
         with torch.no_grad():
             chunks = list(pack_chunks(weights, self.network.token, self.chunk_bytes))
