@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from stare_lightning.rollout.backends import ROLLOUT_BACKENDS, SERVER_BACKEND
-from stare_lightning.rollout.config import LOCAL_HOSTS
 from stare_lightning.rollout.server.shared.token import check_token
+from stare_lightning.rollout.server_config import LOCAL_HOSTS
 from stare_lightning.run_folder import RunFolder
 
 __all__ = ["serve", "serving_dtype"]

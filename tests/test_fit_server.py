@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.rollout.config import ServerConfig
 from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.trainer_side.connect import connect_servers
+from stare_lightning.rollout.server_config import ServerConfig
 from tests.cluster import slurm_cluster
 from tests.test_fit import CANARY_BOUND, REPO, read_metrics, run_cli, train_rows, wait_for_checkpoint
 from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from stare_lightning.rollout.config import RolloutConfig, ServerConfig
+from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
 from stare_lightning.rollout.server.trainer_side.connect import connect_servers
+from stare_lightning.rollout.server_config import ServerConfig
 
 
 def _closed_port() -> int:

@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from stare_lightning.rollout.config import ServerConfig
 from stare_lightning.rollout.server.shared.net_group import TRAINER_RANK, TransferGroup, host_store
 from stare_lightning.rollout.server.shared.net_wire import chunk_digest, new_nonce, pack_chunks, rendezvous_prefix
 from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
+from stare_lightning.rollout.server_config import ServerConfig
 
 TOKEN = "network-test-token-" + "0123456789" * 3
 JOIN_TIMEOUT_S = 10.0

@@ -150,8 +150,15 @@ def rollouts_from_samples(
             logprobs.append(list(sample.logprobs))
             texts.append(sample.text)
             reasons.append(sample.finish_reason)
-    return Rollouts(prompt_ids=rows, response_ids=responses, response_logprobs=logprobs, texts=texts,
-                    finish_reasons=reasons, n=n, generation_seconds=seconds)  # fmt: skip
+    return Rollouts(
+        prompt_ids=rows,
+        response_ids=responses,
+        response_logprobs=logprobs,
+        texts=texts,
+        finish_reasons=reasons,
+        n=n,
+        generation_seconds=seconds,
+    )
 
 
 @runtime_checkable

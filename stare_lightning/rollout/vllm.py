@@ -70,7 +70,8 @@ from stare_lightning.rollout.base import (
     request_seeds,
     rollouts_from_samples,
 )
-from stare_lightning.rollout.config import COMMON_ENGINE_KEYS, RolloutConfig, refuse_owned_engine_keys
+from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.engine_kwargs import COMMON_ENGINE_KEYS, refuse_owned_engine_keys
 from stare_lightning.rollout.vllm_process import (
     contain_engine_side_effects,
     forked_rng,

@@ -11,10 +11,11 @@ from pathlib import Path
 from stare_lightning import distributed
 from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.backends import EngineContext
-from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
+from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.server.shared.token import check_token
 from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+from stare_lightning.rollout.server_config import UNIX_HOST, ServerConfig
 from stare_lightning.rollout.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
@@ -97,8 +98,14 @@ def _network_push(server: ServerConfig, clients: list[ServerClient], token: str 
 def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> ServerRolloutEngine:
     """``rollout.backend=server``'s builder (``rollout/backends.py``): the servers launched (their logs in
     ``context.log_dir``) or reached, in the trainer's compute dtype."""
-    return connect_servers(rollout.server, context.model_dir, dtype=context.dtype, seed=context.seed,
-                           log_dir=context.log_dir, adapters=context.adapters)  # fmt: skip
+    return connect_servers(
+        rollout.server,
+        context.model_dir,
+        dtype=context.dtype,
+        seed=context.seed,
+        log_dir=context.log_dir,
+        adapters=context.adapters,
+    )
 
 
 def check_running_servers(rollout: RolloutConfig) -> None:

@@ -12,7 +12,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from stare_lightning.rollout.config import UNIX_HOST, ServerConfig
+from stare_lightning.rollout.server_config import UNIX_HOST, ServerConfig
 
 __all__ = ["network_address", "server_host", "transfer_mode"]
 
