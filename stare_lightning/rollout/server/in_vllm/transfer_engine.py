@@ -44,6 +44,7 @@ from stare_lightning.rollout.server.shared.transfer import (
     parse_chunk,
     refuse_non_finite,
 )
+from stare_lightning.run_folder import own_regular_file
 
 # Under vLLM's logger, whose handler writes to the server's log: how a server takes its weights is said there.
 logger = init_logger(f"vllm.{__name__}")
@@ -209,11 +210,9 @@ class CheckedWeightTransferEngine(WeightTransferEngine[TransferInitInfo, FileUpd
             ) from err
         # Checked on the descriptor before it becomes a stream: a stream refuses a directory with an error that names
         # the descriptor's number, not the chunk.
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
-            os.close(fd)
-            what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
-            raise TransferRefused(f"chunk file {chunk.file!r} in {self._directory} {what}")
+        status = own_regular_file(
+            fd, lambda what: TransferRefused(f"chunk file {chunk.file!r} in {self._directory} {what}")
+        )
         with os.fdopen(fd, "rb", buffering=0) as stream:
             if status.st_size != chunk.total_bytes:
                 raise TransferRefused(
