@@ -150,15 +150,7 @@ def rollouts_from_samples(
             logprobs.append(list(sample.logprobs))
             texts.append(sample.text)
             reasons.append(sample.finish_reason)
-    return Rollouts(
-        prompt_ids=rows,
-        response_ids=responses,
-        response_logprobs=logprobs,
-        texts=texts,
-        finish_reasons=reasons,
-        n=n,
-        generation_seconds=seconds,
-    )
+    return Rollouts(rows, responses, logprobs, texts, reasons, n, generation_seconds=seconds)  # fields in order
 
 
 @runtime_checkable
