@@ -156,7 +156,7 @@ def rollouts_from_samples(
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``,
-    ``server.engine.ServerRolloutEngine``; ``rollout/backends.py`` lists the backends that build them.
+    ``server.trainer_side.engine.ServerRolloutEngine``; ``rollout/backends.py`` lists the backends that build them.
 
     Engines also carry a class attribute ``holds_weight_copy``: True when the engine keeps its own copy of
     the weights (vLLM), so ``sync_weights`` must follow every optimizer step; False when it samples from the
