@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
     job = merge_overrides(JOB_OVERRIDES, SMOKE_OVERRIDES if args.smoke else (), args.overrides)
 
     from stare_lightning.models.registry import resolve_model
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
 
     bench_server = load_bench_server()
     model_dir = resolve_model("smollm2-135m-instruct")

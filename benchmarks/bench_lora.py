@@ -71,9 +71,11 @@ def lora_policy(model_dir: str):
 def time_colocated(model_dir: str, policy, mode: str, syncs: int) -> dict:
     from stare_lightning.models.config import LoraConfig
     from stare_lightning.rollout.adapters import AdapterSync
+    from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    adapters = AdapterSync.of(LoraConfig(rank=RANK)) if mode == "adapter" else None
+    served = ROLLOUT_BACKENDS["vllm"].adapter_rank(RANK)
+    adapters = AdapterSync.of(LoraConfig(rank=RANK), served) if mode == "adapter" else None
     engine = VLLMRolloutEngine(model_dir, seed=0, adapters=adapters, max_model_len=512)
     try:
         seconds, sizes = [], []
@@ -89,12 +91,13 @@ def time_colocated(model_dir: str, policy, mode: str, syncs: int) -> dict:
 def time_server(model_dir: str, policy, syncs: int, log_dir: Path) -> dict:
     from stare_lightning.models.config import LoraConfig
     from stare_lightning.rollout.adapters import AdapterSync
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
-    from stare_lightning.rollout.server.transfer_dir import default_base
+    from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.transfer_dir import default_base
 
-    adapters = AdapterSync.of(LoraConfig(rank=RANK))
+    adapters = AdapterSync.of(LoraConfig(rank=RANK), ROLLOUT_BACKENDS["server"].adapter_rank(RANK))
     sockets = Path(tempfile.mkdtemp(prefix="bench-lora-servers-", dir=default_base()))
     spec = ServerSpec(0, uds=str(sockets / "0.sock"))
     results = {"merged": {"seconds": []}, "adapter": {"seconds": []}}

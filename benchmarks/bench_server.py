@@ -1,6 +1,6 @@
 """``rollout=server`` on SmolLM2-135M-Instruct: the weight push, the cost of HTTP per request, and tokens/s.
 
-One stock vLLM server (``rollout/server/launch.py``) is pinned to ``--engine-cpu`` and this process, the
+One stock vLLM server (``rollout/server/trainer_side/launch.py``) is pinned to ``--engine-cpu`` and this process, the
 trainer, to ``--trainer-cpu`` with one torch thread. Measured:
 
 1. The weight push: ``ServerRolloutEngine.sync_weights`` of the SmolLM2 policy (fp32, ``--chunk-mb`` chunks),
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from stare_lightning.rollout.base import SamplingParams  # noqa: E402
-from stare_lightning.rollout.server.client import ServerClient  # noqa: E402
+from stare_lightning.rollout.server.trainer_side.client import ServerClient  # noqa: E402
 
 PUSH_TARGET = 0.10  # a push should cost at most this share of a training step
 PUSH_ROUTES = ("/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume")
@@ -311,8 +311,8 @@ def time_pushes(engine, client: TimedClient, model, pushes: int) -> dict:
 
 def time_packing(model, chunk_bytes: int, repeats: int) -> float:
     """Median seconds of gather + pack + write of the chunk files alone, into a scratch transfer directory."""
-    from stare_lightning.rollout.server.transfer import write_chunks
-    from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+    from stare_lightning.rollout.server.shared.transfer import write_chunks
+    from stare_lightning.rollout.transfer_dir import TransferDirectory
     from stare_lightning.rollout.weights import iter_full_weights
 
     directory, times = TransferDirectory(), []
@@ -461,8 +461,8 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stare_lightning.models.registry import resolve_model
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
 
     model_dir = resolve_model("smollm2-135m-instruct")
     results: dict = {"model": str(model_dir), "chunk_mb": args.chunk_mb, "settings": vars(args) | {"json": None}}

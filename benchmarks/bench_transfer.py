@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from stare_lightning.rollout.server.client import ServerClient
+from stare_lightning.rollout.server.trainer_side.client import ServerClient
 
 PARAMS_7B = 7.6e9  # Qwen2.5-7B
 BF16_BYTES = 2
@@ -56,7 +56,7 @@ def time_pushes(engine, model, pushes: int) -> dict:
 
 
 def time_packing(model, token: str, chunk_bytes: int, repeats: int) -> float:
-    from stare_lightning.rollout.server.net_wire import pack_chunks
+    from stare_lightning.rollout.server.shared.net_wire import pack_chunks
     from stare_lightning.rollout.weights import iter_full_weights
 
     seconds = []
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoModelForCausalLM
 
     from stare_lightning.models.registry import resolve_model
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
-    from stare_lightning.rollout.server.net_push import NetworkPush
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
 
     model_dir = resolve_model("smollm2-135m-instruct")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

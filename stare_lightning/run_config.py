@@ -22,9 +22,10 @@ from stare_lightning.config.checks import flag, number
 from stare_lightning.config.targets import check_opt_ins, check_target_name, check_targets
 from stare_lightning.data.config import DataConfig
 from stare_lightning.metrics.config import TelemetryConfig, ValidationConfig
-from stare_lightning.models.config import VLLM_RANKS, ModelConfig
+from stare_lightning.models.config import ModelConfig
 from stare_lightning.rollout.backends import declared_backend
 from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.lora_sync import check_policy as check_lora_policy
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.tools.config import ToolsConfig
 from stare_lightning.trainer.config import OptimConfig
@@ -87,6 +88,7 @@ class RunConfig:
                 f"rollouts (rollout.backend={self.rollout.backend}, trainer.accelerator={accelerator}); "
                 "set it false, or run vLLM on GPUs"
             )
+        check_lora_policy(self.rollout, self.model.lora)
         self._check_tool_settings()
         self._check_memory_levers(accelerator)
         self._check_precision(accelerator)
@@ -147,24 +149,9 @@ class RunConfig:
             )
 
     def _check_tool_settings(self) -> None:
-        """Settings that only mean something in tool-using episodes are refused without a tool; a tool is refused
-        with a backend that cannot run tool episodes, and LoRA with one that cannot take its merged weights."""
+        """Settings that only mean something in tool-using episodes are refused without a tool, and a tool with a
+        backend that cannot run tool episodes."""
         backend = declared_backend(self.rollout.backend)
-        if self.model.lora is None and self.rollout.lora_sync != "auto":
-            raise ValueError(
-                f"rollout.lora_sync={self.rollout.lora_sync} does nothing without LoRA (model.lora.rank=0): it says "
-                "how a LoRA policy's weights reach the engine; leave it at auto, or set model.lora.rank > 0"
-            )
-        if backend is not None and self.model.lora is not None and not backend.lora:
-            raise ValueError(
-                f"model.lora.rank={self.model.lora.rank} needs a rollout backend that takes a LoRA policy's merged "
-                f"weights; rollout.backend={backend.name} does not"
-            )
-        if self.rollout.lora_sync == "adapter" and self.model.lora.rank > VLLM_RANKS[-1]:
-            raise ValueError(
-                f"rollout.lora_sync=adapter cannot serve model.lora.rank={self.model.lora.rank}: vLLM serves LoRA "
-                f"adapters up to rank {VLLM_RANKS[-1]}; use rollout.lora_sync=merged, or a smaller rank"
-            )
         if self.tools.name != "none":
             if backend is not None and not backend.tool_episodes:
                 raise ValueError(

@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
-__all__ = ["RunFolder", "UnsafeRunFolder"]
+__all__ = ["HeldDirectory", "RunFolder", "UnsafeRunFolder", "own_regular_file"]
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under the name would otherwise block the open until someone reads it.
@@ -35,9 +36,47 @@ class UnsafeRunFolder(OSError):
     line (``user_errors``)."""
 
 
-class RunFolder:
+class HeldDirectory:
+    """A directory held open by descriptor (``_fd``), closed by ``close`` or at the end of a ``with`` block; ``kind``
+    names it in the error of a use after closing."""
+
+    kind = "directory"
+    path: Path
+    _fd: int | None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"the {self.kind} {self.path} is closed")
+        return self._fd
+
+
+def own_regular_file(fd: int, refuse: Callable[[str], Exception]) -> os.stat_result:
+    """The status of the open file ``fd`` when it is a regular file of this user's; else ``fd`` is closed and
+    ``refuse(what is wrong)`` raised."""
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
+        os.close(fd)
+        what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
+        raise refuse(what)
+    return status
+
+
+class RunFolder(HeldDirectory):
     """The folder ``path`` (made if missing), checked and held open by descriptor. ``what`` names it in errors
     (``output_dir``). Close it when done (or use it as a context manager)."""
+
+    kind = "run folder"
 
     def __init__(self, path: str | os.PathLike, *, what: str = "output_dir", fd: int | None = None) -> None:
         self.path, self.what = Path(path), what
@@ -76,11 +115,7 @@ class RunFolder:
             raise UnsafeRunFolder(
                 f"{self.path / name} cannot be opened as this run's file ({err.strerror}): remove it"
             ) from None
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
-            os.close(fd)
-            what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
-            raise UnsafeRunFolder(f"{self.path / name} {what}, not this run's file: remove it")
+        own_regular_file(fd, lambda what: UnsafeRunFolder(f"{self.path / name} {what}, not this run's file: remove it"))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "ab")
 
@@ -98,22 +133,6 @@ class RunFolder:
             os.unlink(temporary, dir_fd=folder)
             raise
         return self.path / name
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> RunFolder:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _descriptor(self) -> int:
-        if self._fd is None:
-            raise ValueError(f"the run folder {self.path} is closed")
-        return self._fd
 
 
 def _check_folder(path: Path, what: str, status: os.stat_result) -> None:

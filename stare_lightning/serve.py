@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from stare_lightning.rollout.backends import ROLLOUT_BACKENDS, SERVER_BACKEND
-from stare_lightning.rollout.config import LOCAL_HOSTS
-from stare_lightning.rollout.server.auth import check_token
+from stare_lightning.rollout.server.shared.token import check_token
+from stare_lightning.rollout.server_config import LOCAL_HOSTS
 from stare_lightning.run_folder import RunFolder
 
 __all__ = ["serve", "serving_dtype"]
@@ -89,9 +89,9 @@ def _stop_serving(signum, frame) -> None:
 
 
 def _serve(cfg, token: str | None) -> None:
-    from stare_lightning.rollout.factory import adapter_sync
-    from stare_lightning.rollout.server.client import RolloutServerError
-    from stare_lightning.rollout.server.connect import launch_servers
+    from stare_lightning.rollout.lora_sync import adapter_sync
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
+    from stare_lightning.rollout.server.trainer_side.connect import launch_servers
     from stare_lightning.train import prepare_model
 
     server = cfg.rollout.server

@@ -1,6 +1,6 @@
-"""The checks a server's adapter route makes before the engine loads an adapter (``rollout/server/adapter_check.py``),
-without a server: each refusal beside the accepted directory it was made from (the control), and the copy the engine
-loads holding exactly the bytes that were checked."""
+"""The checks a server's adapter route makes before the engine loads an adapter
+(``rollout/server/in_vllm/adapter_check.py``), without a server: each refusal beside the accepted directory it was
+made from (the control), and the copy the engine loads holding exactly the bytes that were checked."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stare_lightning.rollout.server.adapter_check import (
+from stare_lightning.rollout.server.in_vllm.adapter_check import (
     ADAPTER_FILES,
     AdapterRefused,
     CheckedAdapters,

@@ -199,8 +199,8 @@ def test_a_rollout_server_builds_the_in_process_engines_episodes(
 ):
     """``rollout=server`` under tool use: each turn is a seeded request to a separate vLLM server, so the episodes
     (tokens, turns, tool replies, masks, log-probs) are those of the same engine run in process."""
-    from stare_lightning.rollout.config import ServerConfig
-    from stare_lightning.rollout.server.connect import connect_servers
+    from stare_lightning.rollout.server.trainer_side.connect import connect_servers
+    from stare_lightning.rollout.server_config import ServerConfig
 
     engine = connect_servers(ServerConfig(), tool_policy_dir[0], dtype="float32", seed=0, log_dir=tmp_path)
     try:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from stare_lightning.rollout.config import ServerConfig
-from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-from stare_lightning.rollout.server.connect import connect_servers
+from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+from stare_lightning.rollout.server.trainer_side.connect import connect_servers
+from stare_lightning.rollout.server_config import ServerConfig
 from tests.cluster import slurm_cluster
 from tests.test_fit import CANARY_BOUND, REPO, read_metrics, run_cli, train_rows, wait_for_checkpoint
 from tests.test_fsdp import ONE_PROCESS, SHARDED, _assert_same_steps, _fit
@@ -132,8 +132,8 @@ def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, mod
 # on a line from stdin joins member 0's group under the secret's prefix and sends one chunk.
 NET_TRAINER = """
 import json, sys, torch
-from stare_lightning.rollout.server.net_group import TRAINER_RANK, TransferGroup, host_store, route_address
-from stare_lightning.rollout.server.net_wire import new_nonce, pack_chunks, rendezvous_prefix
+from stare_lightning.rollout.server.shared.net_group import TRAINER_RANK, TransferGroup, host_store, route_address
+from stare_lightning.rollout.server.shared.net_wire import new_nonce, pack_chunks, rendezvous_prefix
 token, peer = sys.argv[1], sys.argv[2]
 ((info, buffer),) = pack_chunks([("a.weight", torch.arange(12.0).reshape(3, 4))], token, chunk_bytes=1 << 20)
 address = route_address(peer)
@@ -149,7 +149,7 @@ except RuntimeError as error:
 # A server's worker on another host: joins the group the init names with its own secret and prints what arrived.
 NET_WORKER = """
 import json, sys
-from stare_lightning.rollout.server.net_receive import NetworkReceiver
+from stare_lightning.rollout.server.in_vllm.net_receive import NetworkReceiver
 init, info = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 print("ready", flush=True)
 sys.stdin.readline()

@@ -69,6 +69,25 @@ ONLY_IMPORTED_BY: dict[str, frozenset[str]] = {
     "stare_lightning.module": frozenset({"stare_lightning.train"}),
 }
 
+# Imports ruled out inside a layer: (importers, what they may not import, importers left out, why). Each side is a
+# dotted prefix below the package's name, as in LAYERS.
+FORBIDDEN: list[tuple[str, str, str | None, str]] = [
+    (
+        "rollout",
+        "rollout.server",
+        "rollout.server",
+        "rollout/server/ is one backend's; the rest of rollout/ names it only in its registry entry (a string)",
+    ),
+    (
+        "rollout.server.in_vllm",
+        "rollout.server.trainer_side",
+        None,
+        "code that runs inside a vLLM server must not pull in the trainer's side",
+    ),
+    ("rollout.server.shared", "rollout.server.trainer_side", None, "both sides import shared/: it takes neither"),
+    ("rollout.server.shared", "rollout.server.in_vllm", None, "both sides import shared/: it takes neither"),
+]
+
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -196,6 +215,22 @@ def restricted_imports(graph: dict[str, set[str]], only_imported_by=ONLY_IMPORTE
     ]
 
 
+def _under(name: str, prefix: str) -> bool:
+    rest = name.partition(".")[2]
+    return rest == prefix or rest.startswith(prefix + ".")
+
+
+def forbidden_imports(graph: dict[str, set[str]], rules=FORBIDDEN) -> list[str]:
+    """Imports that a rule of ``rules`` rules out, each with the rule's reason."""
+    return [
+        f"{source} imports {target}: {why}"
+        for source, targets in sorted(graph.items())
+        for target in sorted(targets)
+        for importers, imported, exempt, why in rules
+        if _under(source, importers) and _under(target, imported) and not (exempt and _under(source, exempt))
+    ]
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
     index: dict[str, int] = {}
@@ -244,6 +279,25 @@ def test_no_import_goes_up_the_layers():
 def test_the_module_is_imported_only_where_allowed():
     found = restricted_imports(import_graph(type_checking=True))
     assert not found, f"imports that ONLY_IMPORTED_BY in {Path(__file__).name} rules out:\n" + "\n".join(found)
+
+
+def test_no_forbidden_import_inside_a_layer():
+    found = forbidden_imports(import_graph(type_checking=True))
+    assert not found, f"imports that FORBIDDEN in {Path(__file__).name} rules out:\n" + "\n".join(found)
+
+
+def test_the_forbidden_rules_catch_what_they_name_and_nothing_else():
+    graph = {
+        "pkg.rollout.vllm": {"pkg.rollout.server.trainer_side.client", "pkg.rollout.transfer_dir"},
+        "pkg.rollout.server.trainer_side.engine": {"pkg.rollout.server.shared.transfer", "pkg.rollout.base"},
+        "pkg.rollout.server.in_vllm.auth": {"pkg.rollout.server.shared.token", "pkg.rollout.server.trainer_side.http"},
+        "pkg.rollout.server.shared.net_wire": {"pkg.rollout.server.in_vllm.plugin"},
+    }
+    assert [line.partition(":")[0] for line in forbidden_imports(graph)] == [
+        "pkg.rollout.server.in_vllm.auth imports pkg.rollout.server.trainer_side.http",
+        "pkg.rollout.server.shared.net_wire imports pkg.rollout.server.in_vllm.plugin",
+        "pkg.rollout.vllm imports pkg.rollout.server.trainer_side.client",
+    ]
 
 
 def test_no_import_cycle():

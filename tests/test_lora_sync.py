@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import apply_lora
-from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
+from stare_lightning.rollout.adapters import AdapterSync, adapter_weights, write_adapter
+from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
 from stare_lightning.rollout.base import SamplingParams
-from stare_lightning.rollout.server.transfer_dir import TransferDirectory, default_base
+from stare_lightning.rollout.transfer_dir import TransferDirectory, default_base
 from stare_lightning.rollout.weights import iter_full_weights
 from tests.needs import require
 from tests.test_config import compose_run as compose_config
@@ -27,6 +28,7 @@ from tests.test_config import compose_run as compose_config
 require("peft")
 
 RANK = 4
+VLLM_LORA_RANK = ROLLOUT_BACKENDS["vllm"].adapter_rank(RANK)  # the buffers vLLM serves this rank in
 PROMPTS = [[1, 9, 10, 11, 12], [1, 30, 31, 32]]
 TOKEN = "test-token-" + "0123456789" * 3
 # fp32 on both sides; vLLM applies B (A x) where the trainer folds nothing: rounding only.
@@ -67,7 +69,7 @@ PARAMS = SamplingParams(n=2, max_new_tokens=8, temperature=1.0)
 # ------------------------------------------------------------------------------------------- the files
 def test_an_adapter_is_written_as_peft_saves_it_in_a_private_directory(tiny_dir):
     policy = _policy(tiny_dir, seed=1)
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=0)
     directory = TransferDirectory()
     try:
         files = write_adapter(directory, "v1", adapter_weights(policy), sync)
@@ -106,15 +108,25 @@ def test_adapter_weights_refuse_an_adapter_the_engine_would_not_serve(tiny_dir):
         list(adapter_weights(policy))
 
 
-def test_the_kept_window_and_vllms_rank_buckets():
-    loaded = LoadedAdapters(keep=2)
-    assert loaded.current is None
-    assert [loaded.add(name, name.upper()) for name in ("a", "b", "c", "d")] == [[], [], [("a", "A")], [("b", "B")]]
-    assert loaded.names == ["c", "d"] and loaded.current == "D"
-    assert [AdapterSync.of(LoraConfig(rank=r)).max_lora_rank for r in (1, 4, 8, 9, 300)] == [1, 8, 8, 16, 320]
-    assert AdapterSync.of(LoraConfig(rank=16), max_staleness=2).vllm_kwargs()["max_loras"] == 3
-    with pytest.raises(ValueError, match="largest rank vLLM serves"):
-        AdapterSync.of(LoraConfig(rank=600))
+def test_vllms_rank_buckets():  # the kept window: tests/test_adapter_versions.py
+    from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
+    from stare_lightning.rollout.config import RolloutConfig
+    from stare_lightning.rollout.lora_sync import adapter_sync
+
+    vllm, server = ROLLOUT_BACKENDS["vllm"], ROLLOUT_BACKENDS["server"]
+    adapter = RolloutConfig(backend="vllm", lora_sync="adapter", max_staleness=0)
+    assert [adapter_sync(adapter, LoraConfig(rank=r), vllm).max_lora_rank for r in (1, 4, 8, 9, 300)] == [
+        1,
+        8,
+        8,
+        16,
+        320,
+    ]
+    assert server.adapter_rank(300) == 320 and ROLLOUT_BACKENDS["hf"].adapter_rank(1) is None
+    on_server = RolloutConfig(backend="server", lora_sync="adapter", max_staleness=2)
+    assert adapter_sync(on_server, LoraConfig(rank=16), server).vllm_kwargs()["max_loras"] == 3
+    with pytest.raises(ValueError, match="vLLM serves LoRA adapters up to rank 512"):
+        adapter_sync(adapter, LoraConfig(rank=600), vllm)
 
 
 # --------------------------------------------------------------------------------------- the config
@@ -135,7 +147,7 @@ def test_lora_sync_settings_that_would_do_nothing_or_break_are_refused(tmp_path,
 def test_adapter_mode_is_the_default_on_gpus_where_the_backend_serves_adapters():
     from stare_lightning.rollout.backends import ROLLOUT_BACKENDS
     from stare_lightning.rollout.config import RolloutConfig
-    from stare_lightning.rollout.factory import adapter_sync
+    from stare_lightning.rollout.lora_sync import adapter_sync
 
     lora, vllm, hf = LoraConfig(rank=8), ROLLOUT_BACKENDS["vllm"], ROLLOUT_BACKENDS["hf"]
     assert adapter_sync(RolloutConfig(backend="vllm"), lora, vllm, on_gpu=True) is not None
@@ -158,7 +170,7 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
     require("vllm")
     from stare_lightning.rollout.vllm import VLLMRolloutEngine
 
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=0)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=0)
     engine = VLLMRolloutEngine(tiny_dir, seed=0, adapters=sync, kv_cache_memory_bytes=64 << 20, max_model_len=256)
     try:
         for seed in (1, 2):  # two versions: the second replaces the first
@@ -168,12 +180,12 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
             assert _largest_gap(rollouts, policy) < SAME_LOGPROBS
             with policy.disable_adapter():  # the check could fail: the base alone samples other log-probs
                 assert _largest_gap(rollouts, policy) > 100 * SAME_LOGPROBS
-        assert engine._loaded.names == ["policy-v2"] and engine.llm.llm_engine.list_loras() == {2}
-        assert engine._adapter_dir.names() == ["policy-v2"]  # the first version's files are gone
+        assert engine._adapters.names == ["policy-v2"] and engine.llm.llm_engine.list_loras() == {2}
+        assert engine._adapters.directory().names() == ["policy-v2"]  # the first version's files are gone
         merged = sum(t.numel() * t.element_size() for _, t in iter_full_weights(policy))
         adapters = sum(t.numel() * t.element_size() for _, t in adapter_weights(policy))
         assert engine.last_sync_bytes == adapters < merged / 10
-        path = engine._adapter_dir.path
+        path = engine._adapters.directory().path
     finally:
         engine.close()
     assert not path.exists()
@@ -183,11 +195,11 @@ def test_the_colocated_engine_serves_each_synced_adapter_with_the_trainers_logpr
 @pytest.fixture(scope="module")
 def lora_server(tiny_dir, tmp_path_factory):
     require("vllm")
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
 
     sockets = Path(tempfile.mkdtemp(prefix="stare-lightning-test-servers-", dir=default_base()))
     spec = ServerSpec(0, uds=str(sockets / "0.sock"))
-    sync = AdapterSync.of(LoraConfig(rank=RANK), max_staleness=1)
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK, max_staleness=1)
     with LaunchedServers(
         tiny_dir,
         [spec],
@@ -203,8 +215,8 @@ def lora_server(tiny_dir, tmp_path_factory):
 
 @pytest.mark.vllm
 def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logprobs(lora_server, tiny_dir):
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -223,7 +235,7 @@ def test_a_server_keeps_k_plus_one_adapter_versions_each_with_its_policys_logpro
         engine.version = "v1"  # two pushes ago: unloaded, and its files deleted
         with pytest.raises(RolloutServerError, match="test-v1"):
             engine.generate(PROMPTS, PARAMS, seeds=[3, 4])
-        assert engine._transfer_dir.names() == ["test-v2", "test-v3"]
+        assert engine._adapters.directory().names() == ["test-v2", "test-v3"]
         assert engine.last_sync_bytes == sum(t.numel() * t.element_size() for _, t in adapter_weights(policies[3]))
         assert {"test-v2", "test-v3"} <= _served(client)
     finally:
@@ -239,11 +251,11 @@ def _served(client) -> set[str]:
 
 def test_adapter_names_keep_the_producers_versions():
     """Every rank names a version's adapter the same way; merged weights name none."""
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 
     client = ServerClient("http://127.0.0.1:9", token=TOKEN, timeout=1)
-    sync = AdapterSync.of(LoraConfig(rank=RANK))
+    sync = AdapterSync.of(LoraConfig(rank=RANK), VLLM_LORA_RANK)
     engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="run1a2b")
     merged = ServerRolloutEngine([client], chunk_bytes=1 << 20)
     try:
@@ -267,7 +279,7 @@ def _write_adapter_files(folder: Path, weights, sync: AdapterSync) -> Path:
 
 def _served_gap(client, name: str, model: torch.nn.Module) -> float:
     """The largest |served - trainer| log-prob of a short sample drawn with adapter ``name``."""
-    from stare_lightning.rollout.server.engine import sampling_request
+    from stare_lightning.rollout.server.trainer_side.engine import sampling_request
 
     completion = client.generate(PROMPTS[0], sampling_request(PARAMS, 7, 8), adapter=name)[0]
     served = torch.tensor(completion.logprobs, dtype=torch.float64)
@@ -279,7 +291,7 @@ def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server,
     """Refused (400, one line on the trainer's side): an adapter holding NaN, one in a directory of another user, one
     reached through a link. The control: the same files in a directory of the server's user are loaded and served
     with their policy's log-probs."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -312,7 +324,7 @@ def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server,
 
 
 def _greedy() -> dict:
-    from stare_lightning.rollout.server.engine import sampling_request
+    from stare_lightning.rollout.server.trainer_side.engine import sampling_request
 
     return sampling_request(PARAMS, 3, 8)
 
@@ -325,9 +337,9 @@ def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_ad
     member exchanges it with a look-alike tree of theirs, again and again, while the trainer pushes adapters. Every
     push either serves the trainer's adapter (its log-probs) or stops in one line; the control: the look-alike's
     adapter, loaded as the trainer's would be, serves other log-probs, so a served swap would show."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.transfer_dir import UnsafeTransferDirectory
 
     url, sync = lora_server
     client = ServerClient(url, token=TOKEN, timeout=120)
@@ -340,8 +352,7 @@ def test_a_server_swapped_for_a_look_alike_while_it_loads_serves_the_trainers_ad
     engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="swap", transfer_dir=str(base))
     swapper, outcomes, look_alike, real = None, [], project / "look-alike", base.stat().st_ino
     try:
-        engine._directory(announce=False)  # made now, so that the look-alike copies its name
-        inner = engine._transfer_dir.name
+        inner = engine._adapters.directory().name  # made now, so that the look-alike copies its name
         for version in range(1, 5):  # the names the trainer will load, with the attacker's adapter in each
             _write_adapter_files_tree(look_alike / inner, f"swap-v{version}", adapter_weights(attacker_policy), sync)
         _chown_tree(look_alike, other_user)
@@ -419,8 +430,8 @@ def test_the_servers_engine_ports_are_out_of_another_users_reach(lora_server, ot
     """The worker's gloo listeners (a dozen TCP ports) exist only in the server's own network namespace: another
     user's connect-and-close flood of those ports on the host's loopback reaches none of them and the server keeps
     serving. The control, a gloo group on the host's network dying of the same flood: tests/test_private_net.py."""
-    from stare_lightning.rollout.server import http
-    from stare_lightning.rollout.server.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side import http
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
     from tests.engine_ports import FLOOD, listening_ports, network_namespace, process_group, server_pid
 
     url, _ = lora_server

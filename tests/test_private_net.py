@@ -1,8 +1,8 @@
-"""A launched server's engine ports against another local user (``rollout/server/private_net.py``), on a torch gloo
-process group as vLLM's worker opens them: on the host's network a connect-and-close flood by another user kills
-the process (``accept: Too many open files``, the control: what a server's worker did); in the private network
-namespace the launcher gives a server on a Unix socket, the same flood reaches nothing and the group keeps working.
-The real server's case is in tests/test_lora_sync.py (its worker's ports, flooded)."""
+"""A launched server's engine ports against another local user (``rollout/server/trainer_side/private_net.py``), on
+a torch gloo process group as vLLM's worker opens them: on the host's network a connect-and-close flood by another
+user kills the process (``accept: Too many open files``, the control: what a server's worker did); in the private
+network namespace the launcher gives a server on a Unix socket, the same flood reaches nothing and the group keeps
+working. The real server's case is in tests/test_lora_sync.py (its worker's ports, flooded)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ print("alive", float(total), flush=True)
 
 
 def _gloo(private: bool) -> subprocess.Popen:
-    from stare_lightning.rollout.server import private_net
+    from stare_lightning.rollout.server.trainer_side import private_net
 
     process = subprocess.Popen(
         [sys.executable, "-c", _GLOO],
@@ -53,7 +53,7 @@ def _flood_then_finish(process: subprocess.Popen, other_user) -> tuple[dict, int
 def test_a_connect_flood_by_another_user_kills_gloo_on_the_host_network_and_reaches_nothing_in_a_private_one(
     other_user,
 ):
-    from stare_lightning.rollout.server import private_net
+    from stare_lightning.rollout.server.trainer_side import private_net
 
     assert private_net.available() is None, private_net.available()
     # The control: on the host's network every connection lands, and the leaked descriptors end the process.
@@ -71,7 +71,7 @@ def test_a_connect_flood_by_another_user_kills_gloo_on_the_host_network_and_reac
 def _low_limit(then_raise: bool):
     import resource
 
-    from stare_lightning.rollout.server import private_net
+    from stare_lightning.rollout.server.trainer_side import private_net
 
     def run() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

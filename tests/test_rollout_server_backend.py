@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare_lightning.rollout.server import http
-from stare_lightning.rollout.server.transfer import (
+from stare_lightning.rollout.server.shared.transfer import (
     DTYPES,
     TransferRefused,
     checkpoint_shapes,
     parse_chunk,
     write_chunks,
 )
-from stare_lightning.rollout.server.transfer_dir import default_base
+from stare_lightning.rollout.server.trainer_side import http
+from stare_lightning.rollout.transfer_dir import default_base
 
 TOKEN = "test-token-" + "0123456789" * 3
 HTTP_TIMEOUT_S = 120  # one request on a busy two-core machine; a push of the tiny model takes well under a second
@@ -151,7 +151,8 @@ def test_checkpoint_shapes_reads_the_safetensors_headers(tiny_dir, tmp_path):
 
 
 def test_token_guard_refuses_to_start_without_its_token(monkeypatch):
-    from stare_lightning.rollout.server.auth import TOKEN_ENV, RequireToken
+    from stare_lightning.rollout.server.in_vllm.auth import RequireToken
+    from stare_lightning.rollout.server.shared.token import TOKEN_ENV
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     with pytest.raises(RuntimeError, match=TOKEN_ENV):
@@ -160,7 +161,8 @@ def test_token_guard_refuses_to_start_without_its_token(monkeypatch):
 
 def test_token_guard_refuses_a_short_token_as_the_launcher_does(monkeypatch):
     """A hand-started server builds the guard itself: the 32-character minimum holds there too (the control: 32)."""
-    from stare_lightning.rollout.server.auth import MIN_TOKEN_CHARS, TOKEN_ENV, RequireToken
+    from stare_lightning.rollout.server.in_vllm.auth import RequireToken
+    from stare_lightning.rollout.server.shared.token import MIN_TOKEN_CHARS, TOKEN_ENV
 
     monkeypatch.setenv(TOKEN_ENV, "x" * (MIN_TOKEN_CHARS - 1))
     with pytest.raises(RuntimeError, match=f"has {MIN_TOKEN_CHARS - 1} characters; a server credential needs at least"):
@@ -175,8 +177,8 @@ def test_plugin_is_installed_and_registers_once():
 
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from stare_lightning.rollout.server.plugin import register
-    from stare_lightning.rollout.server.transfer import BACKEND
+    from stare_lightning.rollout.server.in_vllm.plugin import register
+    from stare_lightning.rollout.server.shared.transfer import BACKEND
 
     (entry,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "stare_lightning"]
     assert entry.load() is register
@@ -189,7 +191,12 @@ def test_plugin_is_installed_and_registers_once():
 
 
 def test_a_server_that_cannot_start_names_its_url_and_log(tmp_path):
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, ServerStartError, free_ports
+    from stare_lightning.rollout.server.trainer_side.launch import (
+        LaunchedServers,
+        ServerSpec,
+        ServerStartError,
+        free_ports,
+    )
 
     (port,) = free_ports(1)
     servers = LaunchedServers(
@@ -207,7 +214,7 @@ def test_a_server_that_cannot_start_names_its_url_and_log(tmp_path):
 
 
 def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, ServerStartError
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, ServerStartError
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -247,7 +254,7 @@ def _launched_server(tiny_dir, tmp_path_factory, on_tcp: bool):
     from tests.needs import require
 
     require("vllm")
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
 
     # As a launched server listens: a Unix socket in a directory only this user may enter (mkdtemp: 0700), in a
     # network namespace of its own; or on loopback TCP, on the host's network, which the network transfer needs.
@@ -479,8 +486,8 @@ def test_the_transfer_directory_must_be_absolute_and_private(server, tiny_dir, t
 
 def _engine(url: str, transfer_dir: str | None = None):
     """The trainer's side of the push (``ServerRolloutEngine``), against the module's server."""
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
 
     client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
     return ServerRolloutEngine([client], chunk_bytes=100_000, transfer_dir=transfer_dir)
@@ -542,7 +549,7 @@ def test_a_transfer_directory_swapped_mid_run_ends_the_push_in_one_line(server, 
     """``rollout.server.transfer_dir`` (root's, 0755) in a directory another user owns: after the first push that
     user renames it away and plants a directory of the run's name with a link to a root-owned file. The next push
     stops, saying the directory was replaced; the file keeps its bytes; the server keeps the first push's weights."""
-    from stare_lightning.rollout.server.transfer_dir import UnsafeTransferDirectory
+    from stare_lightning.rollout.transfer_dir import UnsafeTransferDirectory
 
     url, directory = server
     parent = shared_scratch / "project"
@@ -658,7 +665,7 @@ print(json.dumps({{"attempts": attempts, "connected": connected, "refusals": ref
 @pytest.mark.vllm
 def test_a_server_started_without_runtime_lora_is_named_with_the_fix(server, tmp_path):
     """The module's server has no LoRA flags, so no adapter routes: the trainer says what to start it with."""
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 
     client = ServerClient(server[0], token=TOKEN, timeout=HTTP_TIMEOUT_S)
     with pytest.raises(RolloutServerError, match="--enable-lora .* VLLM_ALLOW_RUNTIME_LORA_UPDATING") as info:
@@ -671,9 +678,9 @@ def test_a_server_started_without_runtime_lora_is_named_with_the_fix(server, tmp
 
 def _network_engine(url: str):
     """The trainer's side with ``rollout.server.transfer=network``: its own rendezvous on loopback."""
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
-    from stare_lightning.rollout.server.net_push import NetworkPush
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
 
     client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)
     network = NetworkPush([client], token=TOKEN, address="127.0.0.1", port=0, timeout=HTTP_TIMEOUT_S)
@@ -686,8 +693,8 @@ def test_a_network_push_serves_the_pushed_weights_and_bytes_not_the_trainers_are
     """A round whose bytes differ from those its digest covers (bytes injected on the wire), or whose digest was made
     without the run's secret, is refused at its first chunk: the server keeps its weights. The control: the same
     round untouched is served."""
-    from stare_lightning.rollout.server.client import RolloutServerError
-    from stare_lightning.rollout.server.net_wire import pack_chunks
+    from stare_lightning.rollout.server.shared.net_wire import pack_chunks
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
 
     url, directory = tcp_server
     engine = _network_engine(url)
@@ -729,9 +736,9 @@ def test_a_network_push_cut_mid_round_is_refused_within_the_timeout_and_never_se
     after the timeout the trainer set, the round is refused, and the server serves its previous version."""
     import threading
 
-    from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-    from stare_lightning.rollout.server.net_push import NetworkPush
-    from stare_lightning.rollout.server.net_wire import pack_chunks
+    from stare_lightning.rollout.server.shared.net_wire import pack_chunks
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
 
     url, directory = tcp_server
     client = ServerClient(url, token=TOKEN, timeout=HTTP_TIMEOUT_S)

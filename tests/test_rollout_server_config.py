@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from stare_lightning.rollout.config import RolloutConfig, ServerConfig
-from stare_lightning.rollout.server.client import RolloutServerError
-from stare_lightning.rollout.server.connect import connect_servers
+from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
+from stare_lightning.rollout.server.trainer_side.connect import connect_servers
+from stare_lightning.rollout.server_config import ServerConfig
 
 
 def _closed_port() -> int:
@@ -141,8 +142,8 @@ def test_in_process_engine_settings_are_refused_with_servers(settings, message):
 
 def test_a_servers_gpu_share_reaches_its_command_line(tmp_path, monkeypatch):
     """``rollout.server.gpu_memory_utilization`` becomes the launched server's ``--gpu-memory-utilization``."""
-    from stare_lightning.rollout.server import connect
-    from stare_lightning.rollout.server.launch import LaunchedServers
+    from stare_lightning.rollout.server.trainer_side import connect
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers
 
     commands = []
     monkeypatch.setattr(LaunchedServers, "start", lambda self: commands.extend(map(self.command, self.specs)))

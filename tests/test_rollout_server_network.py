@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from stare_lightning.rollout.config import ServerConfig
-from stare_lightning.rollout.server.net_group import TRAINER_RANK, TransferGroup, host_store
-from stare_lightning.rollout.server.net_wire import chunk_digest, new_nonce, pack_chunks, rendezvous_prefix
-from stare_lightning.rollout.server.placement import transfer_mode
+from stare_lightning.rollout.server.shared.net_group import TRAINER_RANK, TransferGroup, host_store
+from stare_lightning.rollout.server.shared.net_wire import chunk_digest, new_nonce, pack_chunks, rendezvous_prefix
+from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
+from stare_lightning.rollout.server_config import ServerConfig
 
 TOKEN = "network-test-token-" + "0123456789" * 3
 JOIN_TIMEOUT_S = 10.0
@@ -28,7 +28,7 @@ JOIN_TIMEOUT_S = 10.0
 # start does not eat into the join's timeout.
 WORKER = """
 import json, sys
-from stare_lightning.rollout.server.net_receive import NetworkReceiver
+from stare_lightning.rollout.server.in_vllm.net_receive import NetworkReceiver
 init, info = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 print("ready", flush=True)
 sys.stdin.readline()
@@ -153,11 +153,11 @@ def test_lora_adapters_over_the_network_are_refused_before_a_server_starts(tmp_p
     control: merged weights (no adapters) over the network get past the check (to the launch, refused here by a
     model directory that does not exist)."""
     from stare_lightning.rollout.adapters import AdapterSync
-    from stare_lightning.rollout.server.client import RolloutServerError
-    from stare_lightning.rollout.server.connect import connect_servers
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
+    from stare_lightning.rollout.server.trainer_side.connect import connect_servers
 
     server = ServerConfig(transfer="network", host="127.0.0.1", startup_timeout=1)
-    adapters = AdapterSync(rank=8, alpha=16.0, target_modules=("q_proj",), versions=1)
+    adapters = AdapterSync(rank=8, alpha=16.0, target_modules=("q_proj",), versions=1, max_lora_rank=8)
     with pytest.raises(RolloutServerError, match="rollout.lora_sync=adapter loads adapters from a directory"):
         connect_servers(server, str(tmp_path / "none"), dtype="float32", seed=0, log_dir=tmp_path, adapters=adapters)
     assert not list(tmp_path.iterdir())  # no server log: nothing was started

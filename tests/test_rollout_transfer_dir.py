@@ -1,4 +1,4 @@
-"""The trainer's weight-transfer directory (rollout/server/transfer_dir.py): what base directories it refuses, that
+"""The trainer's weight-transfer directory (rollout/transfer_dir.py): what base directories it refuses, that
 its chunks are created by descriptor (never through a name planted in the directory), and that a directory replaced
 by another local user is noticed, with a real second user where the case needs one (tests/other_user.py)."""
 
@@ -10,8 +10,8 @@ import stat
 import pytest
 import torch
 
-from stare_lightning.rollout.server.transfer import write_chunks
-from stare_lightning.rollout.server.transfer_dir import (
+from stare_lightning.rollout.server.shared.transfer import write_chunks
+from stare_lightning.rollout.transfer_dir import (
     ChunkDirectory,
     TransferDirectory,
     UnsafeTransferDirectory,
@@ -144,7 +144,7 @@ def test_a_process_that_ends_without_closing_leaves_no_directory(tmp_path):
     import sys
 
     code = (
-        "import sys; from stare_lightning.rollout.server.transfer_dir import TransferDirectory; "
+        "import sys; from stare_lightning.rollout.transfer_dir import TransferDirectory; "
         "d = TransferDirectory(sys.argv[1]); print(d.path); raise SystemExit(3)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)

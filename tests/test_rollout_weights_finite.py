@@ -13,8 +13,8 @@ from tests.distributed import run_on_ranks
 def _refuse_on_ranks(rank: int, world: int) -> tuple[bool, str, float]:
     from torch.distributed.fsdp import fully_shard
 
-    from stare_lightning.rollout.server.client import ServerClient
-    from stare_lightning.rollout.server.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.client import ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
     from stare_lightning.rollout.weights import NonFiniteWeights
 
     torch.manual_seed(0)

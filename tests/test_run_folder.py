@@ -45,7 +45,7 @@ def _entries(folder: Path) -> dict[str, str]:
 def test_a_run_folder_another_user_made_first_is_refused_with_nothing_written(
     other_user, shared_scratch, tiny_dir, tmp_path
 ):
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
 
     shared_scratch.chmod(0o777)  # where the other user may make the folder
     token_target, log_target = _targets(shared_scratch)

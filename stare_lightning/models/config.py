@@ -8,9 +8,6 @@ from dataclasses import dataclass, field
 from stare_lightning.config.checks import choice, flag, number, text
 
 DTYPES = ("float32", "bfloat16", "float16")
-# The ranks vLLM sizes its LoRA buffers for (``--max-lora-rank``); an adapter of a smaller rank fits the next one.
-# Here beside the LoRA settings, so the run's schema can check a rank against it without importing the engines.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The attention and MLP projections of Llama, Qwen2/3 and Mistral decoder layers.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The adapter settings of a LoRA group that is off (rank 0): any other value would do nothing.

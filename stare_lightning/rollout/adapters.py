@@ -7,7 +7,8 @@ at its start, which are the policy's frozen base.
 Files. vLLM loads an adapter from a directory in peft's format: ``adapter_config.json`` and
 ``adapter_model.safetensors`` under peft's saved names (``base_model.model.<layer>.lora_A.weight``). Every weight
 version is written into a sub-directory of its own in a private transfer directory (``transfer_dir.py``: mode
-0700, every file created through a descriptor), loaded under a new name, and deleted once no longer served.
+0700, every file created through a descriptor), loaded under a new name, and deleted once no longer served
+(``adapter_versions.py`` runs that lifecycle for both engines).
 
 Versions. ``rollout.max_staleness + 1`` versions stay loaded (vLLM's ``max_loras``); older ones are unloaded before
 their files go, and a run's last versions when it ends, from servers it did not launch. This project's producer
@@ -26,52 +27,48 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from stare_lightning.models.config import VLLM_RANKS, LoraConfig
+from stare_lightning.models.config import LoraConfig
 from stare_lightning.models.lora import ADAPTER, PEFT_PREFIX
-from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
+from stare_lightning.rollout.transfer_dir import ChunkDirectory
 from stare_lightning.rollout.weights import checkpoint_name, full_tensor
 
-__all__ = ["AdapterSync", "LoadedAdapters", "adapter_weights", "write_adapter"]
+__all__ = ["AdapterSync", "adapter_weights", "write_adapter"]
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 
 
 @dataclass(frozen=True)
 class AdapterSync:
-    """What an engine needs to serve a LoRA policy's adapters: their shape and how many versions stay loaded."""
+    """What an engine needs to serve a LoRA policy's adapters: their shape, the adapter-buffer rank they are served at
+    (the backend entry's, ``lora_sync.check_adapter_rank``) and how many versions stay loaded."""
 
     rank: int
     alpha: float
     target_modules: tuple[str, ...]
     versions: int  # loaded at once: max_staleness + 1
+    max_lora_rank: int  # vLLM's --max-lora-rank: the smallest rank the backend serves >= rank
 
     @classmethod
-    def of(cls, lora: LoraConfig, *, max_staleness: int = 0) -> AdapterSync:
-        if lora.rank > VLLM_RANKS[-1]:
-            raise ValueError(
-                f"model.lora.rank={lora.rank} is above the largest rank vLLM serves ({VLLM_RANKS[-1]}): use "
-                "rollout.lora_sync=merged, or a smaller rank"
-            )
+    def of(cls, lora: LoraConfig, max_lora_rank: int, *, max_staleness: int = 0) -> AdapterSync:
         alpha = lora.scaling * lora.rank  # peft's lora_alpha: scaling = alpha / rank, as apply_lora sets it
-        return cls(lora.rank, alpha, tuple(lora.target_modules), versions=max_staleness + 1)
-
-    @property
-    def max_lora_rank(self) -> int:
-        return next(rank for rank in VLLM_RANKS if rank >= self.rank)
+        return cls(lora.rank, alpha, tuple(lora.target_modules), max_staleness + 1, max_lora_rank)
 
     def vllm_kwargs(self) -> dict:
         """``vllm.LLM``'s LoRA arguments."""
-        return dict(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=self.versions,
-                    max_cpu_loras=self.versions)  # fmt: skip
+        return dict(
+            enable_lora=True,
+            max_lora_rank=self.max_lora_rank,
+            max_loras=self.versions,
+            max_cpu_loras=self.versions,
+        )
 
     def server_args(self) -> list[str]:
         """The same, on a vLLM server's command line."""
-        return ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.versions),
-                "--max-cpu-loras", str(self.versions)]  # fmt: skip
+        buffers = ["--max-lora-rank", str(self.max_lora_rank)]
+        return ["--enable-lora", *buffers, "--max-loras", str(self.versions), "--max-cpu-loras", str(self.versions)]
 
     def peft_config(self) -> dict:
         """``adapter_config.json``: what vLLM reads of peft's LoRA config."""
@@ -132,28 +129,3 @@ def write_adapter(
             out.write(save(tensors))
         path = adapter.path
     return AdapterFiles(path, sum(t.numel() * t.element_size() for t in tensors.values()))
-
-
-class LoadedAdapters:
-    """The adapter versions an engine serves, oldest first, each with what the engine needs to name it in a request
-    (vLLM's ``LoRARequest`` colocated, nothing on a server); ``add`` returns the versions that fell out of the kept
-    window."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep, self.loaded = keep, {}
-
-    def add(self, name: str, handle: Any = None) -> list[tuple[str, Any]]:
-        self.loaded[name] = handle
-        dropped = list(self.loaded.items())[: -self.keep]
-        for old, _ in dropped:
-            del self.loaded[old]
-        return dropped
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.loaded)
-
-    @property
-    def current(self) -> Any:
-        """The newest version's handle (None before the first)."""
-        return self.loaded[next(reversed(self.loaded))] if self.loaded else None

@@ -28,6 +28,7 @@ __all__ = [
     "EngineContext",
     "ROLLOUT_BACKENDS",
     "SERVER_BACKEND",
+    "VLLM_LORA_RANKS",
     "RolloutBackend",
     "backend_choices",
     "declared_backend",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 AUTO = "auto"
+# The ranks vLLM sizes its LoRA buffers for (``--max-lora-rank``); an adapter of a smaller rank fits the next one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 SERVER_BACKEND = "server"  # the stock vLLM servers' backend, which the ``serve`` command starts servers for
 
 
@@ -42,7 +45,7 @@ SERVER_BACKEND = "server"  # the stock vLLM servers' backend, which the ``serve`
 class EngineContext:
     """What a builder gets besides ``rollout``'s settings: the trainer's policy and tokenizer, the model directory,
     the run's seed, the dtype the trainer computes in (a name such as ``bfloat16``; None only without a policy),
-    where a backend that starts processes writes their logs, and, for a backend with ``lora_adapters``, how to
+    where a backend that starts processes writes their logs, and, for a backend with ``adapter_ranks``, how to
     serve a LoRA policy's adapters (None: sync merged weights)."""
 
     policy: torch.nn.Module
@@ -69,8 +72,9 @@ class RolloutBackend:
     frees its GPU memory during the update. ``in_process_memory``: ``rollout.gpu_memory_utilization`` and
     ``rollout.tensor_parallel_size`` size an engine inside the trainer. ``server_settings``: ``rollout.server.*``
     configure it. ``tool_episodes``: multi-turn tool episodes run on it. ``lora``: a LoRA policy's merged weights
-    can be synced into it. ``lora_adapters``: it can serve a LoRA policy's adapters over its base weights
-    (``rollout.lora_sync=adapter``; its builder reads ``EngineContext.adapters``).
+    can be synced into it. ``adapter_ranks``: the LoRA ranks it sizes adapter buffers for, ascending (an adapter of
+    a smaller rank takes the next; above the last, none), when it can serve a LoRA policy's adapters over its base
+    weights (``rollout.lora_sync=adapter``; its builder reads ``EngineContext.adapters``); empty: it serves none.
     ``preflight``: ``"module:function"`` taking the ``RolloutConfig``, run before any model is prepared (a running
     server that does not answer is named in seconds), or None.
     """
@@ -86,8 +90,17 @@ class RolloutBackend:
     server_settings: bool = False
     tool_episodes: bool = True
     lora: bool = True
-    lora_adapters: bool = False
+    adapter_ranks: tuple[int, ...] = ()
     preflight: str | None = None
+
+    @property
+    def lora_adapters(self) -> bool:
+        """Whether it serves a LoRA policy's adapters (at some rank)."""
+        return bool(self.adapter_ranks)
+
+    def adapter_rank(self, rank: int) -> int | None:
+        """The adapter-buffer rank an adapter of ``rank`` is served at; None where it serves no adapter that large."""
+        return next((size for size in self.adapter_ranks if size >= rank), None)
 
     # ``rollout`` is the run's ``RolloutConfig`` (not imported here: rollout/config.py checks settings against this
     # module, so the import would go both ways).
@@ -142,7 +155,7 @@ register_rollout_backend(
         engine_kwargs=True,
         sleep_mode=True,
         in_process_memory=True,
-        lora_adapters=True,
+        adapter_ranks=VLLM_LORA_RANKS,
     )
 )
 register_rollout_backend(
@@ -156,11 +169,11 @@ register_rollout_backend(
 register_rollout_backend(
     RolloutBackend(
         name=SERVER_BACKEND,
-        builder="stare_lightning.rollout.server.connect:build_server_engine",
+        builder="stare_lightning.rollout.server.trainer_side.connect:build_server_engine",
         summary="stock vLLM servers, launched with the run or running elsewhere; weights pushed over HTTP and files",
         served=True,
         server_settings=True,
-        lora_adapters=True,
-        preflight="stare_lightning.rollout.server.connect:check_running_servers",
+        adapter_ranks=VLLM_LORA_RANKS,
+        preflight="stare_lightning.rollout.server.trainer_side.connect:check_running_servers",
     )
 )

@@ -150,14 +150,13 @@ def rollouts_from_samples(
             logprobs.append(list(sample.logprobs))
             texts.append(sample.text)
             reasons.append(sample.finish_reason)
-    return Rollouts(prompt_ids=rows, response_ids=responses, response_logprobs=logprobs, texts=texts,
-                    finish_reasons=reasons, n=n, generation_seconds=seconds)  # fmt: skip
+    return Rollouts(rows, responses, logprobs, texts, reasons, n, generation_seconds=seconds)  # fields in order
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A generator of grouped samples. Implementations: ``hf.HFRolloutEngine``, ``vllm.VLLMRolloutEngine``,
-    ``server.engine.ServerRolloutEngine``; ``rollout/backends.py`` lists the backends that build them.
+    ``server.trainer_side.engine.ServerRolloutEngine``; ``rollout/backends.py`` lists the backends that build them.
 
     Engines also carry a class attribute ``holds_weight_copy``: True when the engine keeps its own copy of
     the weights (vLLM), so ``sync_weights`` must follow every optimizer step; False when it samples from the

@@ -178,8 +178,12 @@ class ToolEpisodes:
 def _count_call(stats: EpisodeStats, result: ToolResult | None) -> EpisodeStats:
     """``stats`` with one more call: malformed (``result`` None), or run with ``result``."""
     if result is None:
-        return replace(stats, tool_calls=stats.tool_calls + 1, tool_errors=stats.tool_errors + 1,
-                       malformed_calls=stats.malformed_calls + 1)  # fmt: skip
+        return replace(
+            stats,
+            tool_calls=stats.tool_calls + 1,
+            tool_errors=stats.tool_errors + 1,
+            malformed_calls=stats.malformed_calls + 1,
+        )
     return replace(
         stats,
         tool_calls=stats.tool_calls + 1,

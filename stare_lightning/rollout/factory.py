@@ -5,16 +5,13 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lightning.models.config import VLLM_RANKS, LoraConfig
-from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext, RolloutBackend
+from stare_lightning.models.config import LoraConfig
+from stare_lightning.rollout.backends import AUTO, ROLLOUT_BACKENDS, EngineContext
 from stare_lightning.rollout.config import RolloutConfig
-
-if TYPE_CHECKING:
-    from stare_lightning.rollout.adapters import AdapterSync
+from stare_lightning.rollout.lora_sync import adapter_sync
 
 logger = logging.getLogger(__name__)
 
@@ -69,36 +66,9 @@ def build_engine(
     dtype = compute_dtype or (next(policy.parameters()).dtype if policy is not None else None)
     dtype = None if dtype is None else str(dtype).removeprefix("torch.")
     logs = Path(log_dir) if log_dir is not None else Path.cwd() / "servers"
-    context = EngineContext(policy=policy, tokenizer=tokenizer, model_dir=model_dir, seed=seed, dtype=dtype,
-                            log_dir=logs, adapters=adapter_sync(cfg, lora, backend))  # fmt: skip
+    adapters = adapter_sync(cfg, lora, backend)
+    context = EngineContext(policy, tokenizer, model_dir, seed, dtype, log_dir=logs, adapters=adapters)
     return backend.build(cfg, context)
-
-
-def adapter_sync(
-    cfg: RolloutConfig, lora: LoraConfig | None, backend: RolloutBackend, *, on_gpu: bool | None = None
-) -> AdapterSync | None:
-    """How the engine serves a LoRA policy's adapters, or None to sync merged weights (no LoRA; ``lora_sync=merged``;
-    ``auto`` on a backend that serves no adapters, without a GPU, or at a rank vLLM does not serve). ``on_gpu``:
-    whether the engine runs on GPUs (default: whether this process sees one)."""
-    if lora is None or cfg.lora_sync == "merged":
-        return None
-    if cfg.lora_sync == "auto" and lora.rank > VLLM_RANKS[-1]:
-        return None  # above what vLLM serves as a LoRA (lora_sync=adapter is refused in RunConfig)
-    if cfg.lora_sync == "auto" and not (torch.cuda.is_available() if on_gpu is None else on_gpu):
-        # vLLM's LoRA kernels on a CPU are plain torch: SmolLM2 at rank 16 took 83 s a step against 28 s merged
-        # (benchmarks/bench_lora.py), far more than the half second a merged sync costs. So auto means adapters on
-        # GPUs only; lora_sync=adapter asks for them anyway.
-        return None
-    if not backend.lora_adapters:
-        if cfg.lora_sync == "adapter":  # rollout.backend=auto resolved to an engine without adapters
-            raise ValueError(
-                f"rollout.lora_sync=adapter needs an engine that serves LoRA adapters; rollout.backend={cfg.backend} "
-                f"resolved to {backend.name}, which does not: use rollout=vllm or rollout=server, or lora_sync=merged"
-            )
-        return None
-    from stare_lightning.rollout.adapters import AdapterSync
-
-    return AdapterSync.of(lora, max_staleness=cfg.max_staleness)
 
 
 class SyncedEngine:

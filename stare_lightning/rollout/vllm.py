@@ -58,7 +58,8 @@ import torch
 
 from stare_lightning.console import native_output_to_log
 from stare_lightning.distributed import process_group_exists
-from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
+from stare_lightning.rollout.adapter_versions import AdapterVersion, AdapterVersions
+from stare_lightning.rollout.adapters import AdapterSync, adapter_weights
 from stare_lightning.rollout.backends import EngineContext
 from stare_lightning.rollout.base import (
     Rollouts,
@@ -69,8 +70,8 @@ from stare_lightning.rollout.base import (
     request_seeds,
     rollouts_from_samples,
 )
-from stare_lightning.rollout.config import COMMON_ENGINE_KEYS, RolloutConfig, refuse_owned_engine_keys
-from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.engine_kwargs import COMMON_ENGINE_KEYS, refuse_owned_engine_keys
 from stare_lightning.rollout.vllm_process import (
     contain_engine_side_effects,
     forked_rng,
@@ -195,10 +196,11 @@ class VLLMRolloutEngine:
         """Set up serving a LoRA policy's adapters (nothing without ``adapters``); returns ``vllm.LLM``'s LoRA
         arguments."""
         self.adapters = adapters
-        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
-        self._adapter_dir: TransferDirectory | None = None
-        self._adapter_versions = 0  # adapters synced so far: the next one's id (vLLM's lora_int_id starts at 1)
-        return adapters.vllm_kwargs() if adapters is not None else {}
+        self._adapters = None
+        if adapters is None:
+            return {}
+        self._adapters = AdapterVersions(adapters, load=self._add_lora, unload=self._remove_lora, prefix="policy")
+        return adapters.vllm_kwargs()
 
     # -- protocol -------------------------------------------------------------------------------------
 
@@ -253,33 +255,21 @@ class VLLMRolloutEngine:
         self.last_sync_seconds = time.perf_counter() - start
 
     def _load_adapter(self, model: torch.nn.Module) -> int:
-        """Serve ``model``'s adapters as the next version; unload the one that falls out of the kept window.
-        Returns the adapter's bytes."""
-        from vllm.lora.request import LoRARequest
+        """Serve ``model``'s adapters as the next version (``AdapterVersions`` keeps the window). Returns the
+        adapter's bytes."""
+        policy = f"the policy of adapter version {self._adapters.serials + 1}"
+        return self._adapters.add(finite_weights(adapter_weights(model), policy)).bytes
 
-        if self._adapter_dir is None:
-            self._adapter_dir = TransferDirectory()
-        self._adapter_versions += 1
-        version = self._adapter_versions
-        name = f"policy-v{version}"
-        self._adapter_dir.check_in_place()
-        with torch.no_grad():
-            weights = finite_weights(adapter_weights(model), f"the policy of adapter version {version}")
-            files = write_adapter(self._adapter_dir, name, weights, self.adapters)
-        request = LoRARequest(name, version, str(files.path))
-        try:
-            self.llm.llm_engine.add_lora(request)
-        except BaseException:
-            self._adapter_dir.delete(name)
-            raise
-        for old, old_request in self._loaded.add(name, request):
-            self.llm.llm_engine.remove_lora(old_request.lora_int_id)
-            self._adapter_dir.delete(old)
-        return files.bytes
+    def _add_lora(self, version: AdapterVersion) -> None:
+        self.llm.llm_engine.add_lora(_lora_request(version))
+
+    def _remove_lora(self, version: AdapterVersion) -> None:
+        self.llm.llm_engine.remove_lora(version.serial)
 
     def _current_adapter(self):
         """The LoRA request of the newest adapter version (None: merged sync, or no sync yet: the base itself)."""
-        return None if self._loaded is None else self._loaded.current
+        current = None if self._adapters is None else self._adapters.current
+        return None if current is None else _lora_request(current)
 
     def sleep(self) -> None:
         """Level-1 sleep on GPU (weights kept in host memory); nothing on CPU or without sleep mode."""
@@ -295,9 +285,8 @@ class VLLMRolloutEngine:
         self._asleep.clear()
 
     def close(self) -> None:
-        if getattr(self, "_adapter_dir", None) is not None:
-            self._adapter_dir.remove()
-            self._adapter_dir = None
+        if getattr(self, "_adapters", None) is not None:
+            self._adapters.close()
         llm = getattr(self, "llm", None)
         if llm is None:
             return
@@ -344,6 +333,13 @@ def vllm_engine_keys() -> set[str]:
     params = inspect.signature(LLM.__init__).parameters.values()
     named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
     return named | {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def _lora_request(version: AdapterVersion):
+    """vLLM's request for an adapter version: its name, its id (the version's serial) and its files."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(version.name, version.serial, str(version.path))
 
 
 def _sampled_logprobs(completion) -> list[float]:

@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-from stare_lightning.rollout.server.transfer import (
+from stare_lightning.rollout.server.shared.transfer import (
     DTYPES,
     ChunkSpec,
     TransferRefused,
@@ -44,6 +44,7 @@ from stare_lightning.rollout.server.transfer import (
     parse_chunk,
     refuse_non_finite,
 )
+from stare_lightning.run_folder import own_regular_file
 
 # Under vLLM's logger, whose handler writes to the server's log: how a server takes its weights is said there.
 logger = init_logger(f"vllm.{__name__}")
@@ -119,7 +120,7 @@ class CheckedWeightTransferEngine(WeightTransferEngine[TransferInitInfo, FileUpd
         logger.info("Weight pushes read chunk files from %s (%d checkpoint tensors)", directory, len(expected))
 
     def _init_network(self, init: object) -> None:
-        from stare_lightning.rollout.server.net_receive import NetworkReceiver
+        from stare_lightning.rollout.server.in_vllm.net_receive import NetworkReceiver
 
         if self.parallel_config.world_size > 1 or self.parallel_config.data_parallel_size > 1:
             raise TransferRefused(
@@ -209,11 +210,9 @@ class CheckedWeightTransferEngine(WeightTransferEngine[TransferInitInfo, FileUpd
             ) from err
         # Checked on the descriptor before it becomes a stream: a stream refuses a directory with an error that names
         # the descriptor's number, not the chunk.
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
-            os.close(fd)
-            what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
-            raise TransferRefused(f"chunk file {chunk.file!r} in {self._directory} {what}")
+        status = own_regular_file(
+            fd, lambda what: TransferRefused(f"chunk file {chunk.file!r} in {self._directory} {what}")
+        )
         with os.fdopen(fd, "rb", buffering=0) as stream:
             if status.st_size != chunk.total_bytes:
                 raise TransferRefused(

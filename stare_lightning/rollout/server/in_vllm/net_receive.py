@@ -15,10 +15,10 @@ import re
 
 import torch
 
-from stare_lightning.rollout.server.auth import TOKEN_ENV
-from stare_lightning.rollout.server.net_group import WORKER_RANK, TransferGroup, connect_store, route_address
-from stare_lightning.rollout.server.net_wire import chunk_digest, parse_net_chunk, rendezvous_prefix
-from stare_lightning.rollout.server.transfer import DTYPES, ChunkSpec, TransferRefused, refuse_non_finite
+from stare_lightning.rollout.server.shared.net_group import WORKER_RANK, TransferGroup, connect_store, route_address
+from stare_lightning.rollout.server.shared.net_wire import chunk_digest, parse_net_chunk, rendezvous_prefix
+from stare_lightning.rollout.server.shared.token import TOKEN_ENV
+from stare_lightning.rollout.server.shared.transfer import DTYPES, ChunkSpec, TransferRefused, refuse_non_finite
 
 __all__ = ["NetworkReceiver"]
 

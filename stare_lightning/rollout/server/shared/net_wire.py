@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from stare_lightning.rollout.server.transfer import TransferRefused, check_wire_dtype, parse_tensor_lists
+from stare_lightning.rollout.server.shared.transfer import TransferRefused, check_wire_dtype, parse_tensor_lists
 
 __all__ = [
     "NET_INIT_KEY",

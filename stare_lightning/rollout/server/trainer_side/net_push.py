@@ -20,9 +20,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-from stare_lightning.rollout.server.net_group import TRAINER_RANK, TransferGroup, host_store
-from stare_lightning.rollout.server.net_wire import NET_INIT_KEY, new_nonce, rendezvous_prefix
+from stare_lightning.rollout.server.shared.net_group import TRAINER_RANK, TransferGroup, host_store
+from stare_lightning.rollout.server.shared.net_wire import NET_INIT_KEY, new_nonce, rendezvous_prefix
+from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 
 __all__ = ["NetworkPush"]
 

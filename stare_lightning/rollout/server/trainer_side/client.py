@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from stare_lightning.rollout.server import http
+from stare_lightning.rollout.server.trainer_side import http
 
 __all__ = ["Completion", "RolloutServerError", "ServerClient"]
 

@@ -1,4 +1,4 @@
-"""A bearer-token guard for the stock vLLM server (``--middleware stare_lightning.rollout.server.auth.RequireToken``).
+"""A bearer-token guard for the stock vLLM server (``--middleware`` with this module's ``RequireToken``).
 
 vLLM's own ``--api-key`` covers only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``; the development routes a
 weight push needs (``/pause``, ``/update_weights``, ``/collective_rpc``, which runs any worker method by name) stay
@@ -18,34 +18,13 @@ import hmac
 import json
 import os
 
-TOKEN_ENV = "STARE_LIGHTNING_SERVER_TOKEN"
+from stare_lightning.rollout.server.shared.token import TOKEN_ENV, check_token
+
 _OPEN = {("GET", "/health")}
 _LOAD, _UNLOAD = (
     ("POST", "/v1/load_lora_adapter"),
     ("POST", "/v1/unload_lora_adapter"),
 )  # the liveness probe launchers and load balancers poll without credentials
-# secrets.token_urlsafe(32) gives 43 characters; 32 printable characters chosen at random are beyond guessing, a
-# short one (a word, a PIN) is not, and the token is all that stands between a network and the weight routes.
-MIN_TOKEN_CHARS = 32
-
-
-def check_token(token: str | None, where: str) -> None:
-    """Refuse a token that is missing, shorter than ``MIN_TOKEN_CHARS`` or not plain printable characters (a header
-    value cannot carry whitespace or control characters intact), naming ``where`` it came from, never the token."""
-    if not token or not token.strip():
-        raise ValueError(
-            f"{where} is blank: set it to a secret, e.g. $(python -c 'import secrets; "
-            "print(secrets.token_urlsafe(32))')"
-        )
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ValueError(
-            f"{where} has {len(token)} characters; a server credential needs at least {MIN_TOKEN_CHARS}, e.g. "
-            "$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    if not token.isprintable() or any(character.isspace() for character in token):
-        raise ValueError(
-            f"{where} holds whitespace or control characters: a credential is one word of printable characters"
-        )
 
 
 class RequireToken:
@@ -88,7 +67,7 @@ class RequireToken:
 
     async def _adapter_route(self, route, scope, receive, send) -> None:
         """A load goes to the engine as the checked copy's path (or is refused); an unload also drops the copy."""
-        from stare_lightning.rollout.server import adapter_check
+        from stare_lightning.rollout.server.in_vllm import adapter_check
 
         body = await _whole_body(receive)
         if body is None:

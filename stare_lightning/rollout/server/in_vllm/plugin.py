@@ -6,7 +6,7 @@ it registers only when the name is free. The backend's module is imported only w
 
 from __future__ import annotations
 
-from stare_lightning.rollout.server.transfer import BACKEND
+from stare_lightning.rollout.server.shared.transfer import BACKEND
 
 
 def register() -> None:
@@ -14,5 +14,5 @@ def register() -> None:
 
     if BACKEND not in WeightTransferEngineFactory._registry:  # re-registering a name raises
         WeightTransferEngineFactory.register_engine(
-            BACKEND, "stare_lightning.rollout.server.transfer_engine", "CheckedWeightTransferEngine"
+            BACKEND, "stare_lightning.rollout.server.in_vllm.transfer_engine", "CheckedWeightTransferEngine"
         )

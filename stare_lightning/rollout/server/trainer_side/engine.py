@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from stare_lightning import distributed
-from stare_lightning.rollout.adapters import AdapterSync, LoadedAdapters, adapter_weights, write_adapter
+from stare_lightning.rollout.adapter_versions import AdapterVersion, AdapterVersions
+from stare_lightning.rollout.adapters import AdapterSync, adapter_weights
 from stare_lightning.rollout.base import (
     Rollouts,
     Sample,
@@ -39,8 +40,8 @@ from stare_lightning.rollout.base import (
     request_seeds,
     rollouts_from_samples,
 )
-from stare_lightning.rollout.server.client import Completion, RolloutServerError, ServerClient
-from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+from stare_lightning.rollout.server.trainer_side.client import Completion, RolloutServerError, ServerClient
+from stare_lightning.rollout.transfer_dir import TransferDirectory
 from stare_lightning.rollout.weights import finite_weights, iter_full_weights
 
 __all__ = ["ServerRolloutEngine", "sampling_request"]
@@ -88,7 +89,15 @@ class ServerRolloutEngine:
         # Adapters are named "<run_tag>-<version>": a server kept across runs may still hold an earlier run's "v3",
         # and reloading a name in place would let cached prefixes computed with its old weights be reused.
         self.adapters, self.run_tag = adapters, run_tag
-        self._loaded = LoadedAdapters(adapters.versions) if adapters is not None else None
+        self._adapters = None
+        if adapters is not None:  # vLLM's adapter routes take a path: adapters go as files, whatever the transfer
+            self._adapters = AdapterVersions(
+                adapters,
+                load=self._load_on_servers,
+                unload=self._unload_from_servers,
+                prefix=run_tag,
+                under=transfer_dir,
+            )
         self.last_sync_bytes = 0
         self.transfer_under = transfer_dir
         self.network = network  # a net_push.NetworkPush (rollout.server.transfer=network), else None: files
@@ -185,7 +194,7 @@ class ServerRolloutEngine:
     def push(self, weights, version: str | None = None) -> str:
         """Send ``weights`` (rank 0's ``gather_weights``) to every server under ``version`` (default: the next
         ``push-N``) and return it. Rank 0 only, and no collective: the caller makes the other ranks wait."""
-        from stare_lightning.rollout.server.transfer import write_chunks
+        from stare_lightning.rollout.server.shared.transfer import write_chunks
 
         self.pushes += 1
         version = version or f"push-{self.pushes}"
@@ -213,7 +222,7 @@ class ServerRolloutEngine:
     def _push_network(self, weights, version: str) -> str:
         """The round over the network (``net_push.py``): every chunk packed, and its digest taken, before a server is
         paused, as with files."""
-        from stare_lightning.rollout.server.net_wire import pack_chunks
+        from stare_lightning.rollout.server.shared.net_wire import pack_chunks
 
         with torch.no_grad():
             chunks = list(pack_chunks(weights, self.network.token, self.chunk_bytes))
@@ -227,45 +236,38 @@ class ServerRolloutEngine:
         return version
 
     def _load_adapter(self, weights, version: str) -> str:
-        """Every server loads the adapter ``weights`` as model ``version``; the version that falls out of the kept
-        window is unloaded and its files deleted. No pause: requests in flight keep the adapter they named."""
-        directory = self._directory(announce=False)  # vLLM's adapter routes take a path, not the transfer backend
-        directory.check_in_place()
-        name = self._adapter_name(version)
-        files = write_adapter(directory, name, weights, self.adapters)
-        try:
-            self._each(lambda c: c.load_adapter(name, str(files.path)))
-        except BaseException:
-            directory.delete(name)
-            raise
-        self.version, self.last_sync_bytes = version, files.bytes
-        for old, _ in self._loaded.add(name):
-            self._each(lambda c, old=old: c.unload_adapter(old))
-            directory.delete(old)
+        """Every server loads the adapter ``weights`` as model ``version`` (``AdapterVersions`` keeps the window). No
+        pause: requests in flight keep the adapter they named."""
+        self.last_sync_bytes = self._adapters.add(weights, version).bytes
+        self.version = version
         return version
+
+    def _load_on_servers(self, version: AdapterVersion) -> None:
+        self._each(lambda c: c.load_adapter(version.name, str(version.path)))
+
+    def _unload_from_servers(self, version: AdapterVersion) -> None:
+        self._each(lambda c: c.unload_adapter(version.name))
 
     def _unload_adapters(self) -> None:
         """Servers this run did not launch outlive it: take its adapter versions off them, whose files are about to
         go. Best effort, a few seconds a call: a server that is gone or stuck keeps them (vLLM's LRU bounds them)."""
-        if self.launched is not None or self._loaded is None:
+        if self.launched is not None or self._adapters is None:
             return
-        for name in self._loaded.names:
+        for name in self._adapters.names:
             for client in self.clients:
                 with contextlib.suppress(RolloutServerError, OSError):
                     client.unload_adapter(name, timeout=UNLOAD_TIMEOUT_S)
 
     def _adapter_name(self, version: str | None) -> str | None:
         """The served adapter of ``version`` (None with merged weights or before the first push)."""
-        return None if self.adapters is None or version is None else f"{self.run_tag}-{version}"
+        return None if self._adapters is None or version is None else self._adapters.name_of(version)
 
-    def _directory(self, announce: bool = True) -> TransferDirectory:
-        """The run's transfer directory, made (and, for the weight-transfer backend, announced to every server) at
-        the first push."""
+    def _directory(self) -> TransferDirectory:
+        """The run's transfer directory, made and announced to every server at the first push of merged weights."""
         if self._transfer_dir is None:
             directory = TransferDirectory(self.transfer_under)
             try:
-                if announce:
-                    self._each(lambda c: c.init_transfer({"directory": str(directory.path)}))
+                self._each(lambda c: c.init_transfer({"directory": str(directory.path)}))
             except BaseException:
                 directory.remove()
                 raise
@@ -294,6 +296,8 @@ class ServerRolloutEngine:
 
     def close(self) -> None:
         self._unload_adapters()
+        if self._adapters is not None:
+            self._adapters.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.network is not None:
             self.network.close()

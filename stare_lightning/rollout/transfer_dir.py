@@ -27,6 +27,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from stare_lightning.run_folder import HeldDirectory
+
 __all__ = ["ChunkDirectory", "TransferDirectory", "UnsafeTransferDirectory", "check_transfer_base"]
 
 _PREFIX = "stare-lightning-weights-"
@@ -58,9 +60,11 @@ def check_transfer_base(base: str | Path) -> None:
         os.close(fd)
 
 
-class ChunkDirectory:
+class ChunkDirectory(HeldDirectory):
     """An existing directory held open by descriptor: chunk files are created, listed and removed relative to it,
     never by path."""
+
+    kind = "chunk directory"
 
     def __init__(self, path: str | Path, *, fd: int | None = None) -> None:
         self.path = Path(path)
@@ -97,22 +101,6 @@ class ChunkDirectory:
         """Remove everything in the directory (a push leaves nothing behind)."""
         for name in os.listdir(self._descriptor()):
             self.delete(name)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> ChunkDirectory:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _descriptor(self) -> int:
-        if self._fd is None:
-            raise ValueError(f"the chunk directory {self.path} is closed")
-        return self._fd
 
 
 class TransferDirectory(ChunkDirectory):

@@ -12,7 +12,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from stare_lightning.rollout.config import UNIX_HOST, ServerConfig
+from stare_lightning.rollout.server_config import UNIX_HOST, ServerConfig
 
 __all__ = ["network_address", "server_host", "transfer_mode"]
 
@@ -40,7 +40,7 @@ def network_address(server: ServerConfig, urls: list[str]) -> str:
     host's address on the route to the first server on another host (loopback when all are on this one)."""
     if server.transfer_address is not None:
         return server.transfer_address
-    from stare_lightning.rollout.server.net_group import route_address
+    from stare_lightning.rollout.server.shared.net_group import route_address
 
     for host in map(server_host, urls):
         if host is not None and not _on_this_host(host):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from stare_lightning.rollout.server.transfer_dir import ChunkDirectory
+from stare_lightning.rollout.transfer_dir import ChunkDirectory
 
 __all__ = [
     "BACKEND",

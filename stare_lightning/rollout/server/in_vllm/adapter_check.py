@@ -66,7 +66,7 @@ class CheckedAdapters:
 
     def load(self, name: str, path: str) -> str:
         """Check the adapter in ``path``, copy it privately, and return the copy's path (what the engine loads)."""
-        from stare_lightning.rollout.server.transfer_dir import TransferDirectory
+        from stare_lightning.rollout.transfer_dir import TransferDirectory
 
         files = checked_adapter_files(path)
         if self._directory is None:

@@ -11,11 +11,12 @@ from pathlib import Path
 from stare_lightning import distributed
 from stare_lightning.rollout.adapters import AdapterSync
 from stare_lightning.rollout.backends import EngineContext
-from stare_lightning.rollout.config import UNIX_HOST, RolloutConfig, ServerConfig
-from stare_lightning.rollout.server.auth import check_token
-from stare_lightning.rollout.server.client import RolloutServerError, ServerClient
-from stare_lightning.rollout.server.engine import ServerRolloutEngine
-from stare_lightning.rollout.server.transfer_dir import check_transfer_base, default_base
+from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.rollout.server.shared.token import check_token
+from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+from stare_lightning.rollout.server_config import UNIX_HOST, ServerConfig
+from stare_lightning.rollout.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
 
@@ -66,7 +67,7 @@ def connect_servers(
 def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
     """Whether ``rollout.server.transfer`` resolves to the network (``placement.py``). Every rank decides, so a
     refusal stops every rank, not rank 0 alone while the others wait for it."""
-    from stare_lightning.rollout.server.placement import transfer_mode
+    from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
 
     if transfer_mode(server) != "network":
         return False
@@ -82,8 +83,8 @@ def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
 
 def _network_push(server: ServerConfig, clients: list[ServerClient], token: str | None):
     """Rank 0's side of the network transfer."""
-    from stare_lightning.rollout.server.net_push import NetworkPush
-    from stare_lightning.rollout.server.placement import network_address
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
+    from stare_lightning.rollout.server.trainer_side.placement import network_address
 
     if not token:  # a launched server always has one; servers reached by URL and no credential fail before this
         raise RolloutServerError(
@@ -97,8 +98,14 @@ def _network_push(server: ServerConfig, clients: list[ServerClient], token: str 
 def build_server_engine(rollout: RolloutConfig, context: EngineContext) -> ServerRolloutEngine:
     """``rollout.backend=server``'s builder (``rollout/backends.py``): the servers launched (their logs in
     ``context.log_dir``) or reached, in the trainer's compute dtype."""
-    return connect_servers(rollout.server, context.model_dir, dtype=context.dtype, seed=context.seed,
-                           log_dir=context.log_dir, adapters=context.adapters)  # fmt: skip
+    return connect_servers(
+        rollout.server,
+        context.model_dir,
+        dtype=context.dtype,
+        seed=context.seed,
+        log_dir=context.log_dir,
+        adapters=context.adapters,
+    )
 
 
 def check_running_servers(rollout: RolloutConfig) -> None:
@@ -145,7 +152,7 @@ def launch_servers(
 ):
     """Start ``server.count`` servers as ``rollout.server`` places them and wait until each is healthy; with
     ``adapters``, ready to load a LoRA policy's adapters at run time."""
-    from stare_lightning.rollout.server.launch import LaunchedServers, ServerSpec, free_ports
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
 
     socket_dir = None
     if server.host == UNIX_HOST:

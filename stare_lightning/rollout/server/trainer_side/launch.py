@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lightning.rollout.adapters import AdapterSync
-from stare_lightning.rollout.server import http, private_net
-from stare_lightning.rollout.server.auth import TOKEN_ENV, check_token
-from stare_lightning.rollout.server.transfer import BACKEND
+from stare_lightning.rollout.server.shared.token import TOKEN_ENV, check_token
+from stare_lightning.rollout.server.shared.transfer import BACKEND
+from stare_lightning.rollout.server.trainer_side import http, private_net
 from stare_lightning.run_folder import RunFolder
 
 __all__ = ["LaunchedServers", "ServerSpec", "ServerStartError", "free_ports"]
 
-MIDDLEWARE = "stare_lightning.rollout.server.auth.RequireToken"
+MIDDLEWARE = "stare_lightning.rollout.server.in_vllm.auth.RequireToken"
 _CPU_KV_CACHE_BYTES = 1 << 30  # as the colocated engine's CPU default (rollout/vllm_settings.py)
 _STOP_GRACE_S = 20.0
 _POLL_S = 0.5
