@@ -71,9 +71,11 @@ class SandboxFusion:
     def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """The service's JSON answer, or a message saying why there is none."""
         request = urllib.request.Request(
-            f"{self.url}/run_code", data=json.dumps(body).encode(), method="POST",
+            f"{self.url}/run_code",
+            data=json.dumps(body).encode(),
+            method="POST",
             headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )  # fmt: skip
+        )
         try:
             with self._opener.open(request, timeout=self.timeout_seconds + HTTP_SLACK_SECONDS) as response:
                 raw = response.read(MAX_ANSWER_BYTES + 1)
@@ -96,8 +98,9 @@ class SandboxFusion:
         run = answer.get("run_result") if isinstance(answer.get("run_result"), dict) else None
         if answer.get("status") == "SandboxError" or run is None:
             message = answer.get("message") or "no run result"
-            return ToolResult(text=compose_text("", f"SandboxError: {message}", self.max_output_chars), ok=False,
-                              seconds=seconds)  # fmt: skip
+            return ToolResult(
+                text=compose_text("", f"SandboxError: {message}", self.max_output_chars), ok=False, seconds=seconds
+            )
         output = f"{run.get('stdout') or ''}{run.get('stderr') or ''}"
         timed_out = run.get("status") == "TimeLimitExceeded"
         note = None
