@@ -34,6 +34,7 @@ from stare_lightning.rollout.canary import LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.episodes import ToolEpisodes
 from stare_lightning.rollout.factory import SyncedEngine
+from stare_lightning.seeds import derived_seed
 from stare_lightning.step.collect import verify
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.step.plan import StepPlan
@@ -204,7 +205,7 @@ class STAREModule(LightningModule):
 
     def _step_seed(self, step: int) -> int:
         # The same on every rank (prompts are told apart by record id, mini-batches split over the global batch).
-        return self.seed * 1_000_003 + step
+        return derived_seed(self.seed, step)
 
     def _optimizer_step(self, finite: bool) -> float | None:
         """One optimizer step, skipped (with a warning) when any rank saw a non-finite loss or gradient."""

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "distributed",
             "allocator",
             "lazy_exports",
+            "seeds",
             "config",
             "run_folder",
         ),

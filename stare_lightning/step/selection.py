@@ -39,6 +39,7 @@ from stare_lightning.algorithms.stare import STARERule, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.distributed import all_reduce
 from stare_lightning.distributed import rank as global_rank
+from stare_lightning.seeds import derived_seed
 from stare_lightning.step.batch import Experience, RolloutBatch
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import TokenScores
@@ -229,7 +230,7 @@ class TokenSelection:
             group_size=self.group_size,
             sensitivity=scores.phi,
             entropy=scores.entropy,
-            generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
+            generator=_generator(None if seed is None else derived_seed(seed, global_rank())),
             rule=self.rule_for(params, gate_on=True),
         )
         applied = omega if self.applies and params.gate_on else None
