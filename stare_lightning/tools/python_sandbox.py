@@ -59,7 +59,7 @@ from stare_lightning.tools.bubblewrap import (
 )
 from stare_lightning.tools.cgroups import CallCgroup, CgroupSetup, join_argv
 from stare_lightning.tools.sandbox_process import ProcessOutcome, ProcessRunner, kill_uid
-from stare_lightning.tools.sandbox_program import replay_program
+from stare_lightning.tools.sandbox_program import PythonToolSpec, replay_program
 from stare_lightning.tools.sandbox_uids import SandboxUids
 from stare_lightning.tools.seccomp import filter_for_this_machine
 
@@ -93,13 +93,8 @@ def unsafe_hidden_dirs() -> list[str]:
     return sorted(p for p in kept if not any(q != p and _inside(p, q) for q in kept))
 
 
-class PythonSandbox:
+class PythonSandbox(PythonToolSpec):
     """The ``python`` tool (see the module docstring for the isolation it gives)."""
-
-    name = "python"
-    argument = "code"
-    description = "Run Python code in a sandbox and return what it prints (stdout and stderr)."
-    argument_description = "Python code to run; use print() to see values."
 
     def __init__(
         self,

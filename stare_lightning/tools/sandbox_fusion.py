@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stare_lightning.tools.base import ToolResult, compose_text
-from stare_lightning.tools.sandbox_program import replay_program
+from stare_lightning.tools.sandbox_program import PythonToolSpec, replay_program
 
 __all__ = ["HTTP_SLACK_SECONDS", "SandboxFusion"]
 
@@ -30,13 +30,8 @@ HTTP_SLACK_SECONDS = 10.0  # the service's own start-up and queueing, on top of 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 
-class SandboxFusion:
+class SandboxFusion(PythonToolSpec):
     """The ``python`` tool answered by a SandboxFusion-compatible service at ``url``."""
-
-    name = "python"
-    argument = "code"
-    description = "Run Python code in a sandbox and return what it prints (stdout and stderr)."
-    argument_description = "Python code to run; use print() to see values."
 
     def __init__(
         self,
