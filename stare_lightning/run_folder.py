@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["RunFolder", "UnsafeRunFolder"]
+__all__ = ["RunFolder", "UnsafeRunFolder", "not_own_regular_file"]
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under the name would otherwise block the open until someone reads it.
@@ -76,11 +76,10 @@ class RunFolder:
             raise UnsafeRunFolder(
                 f"{self.path / name} cannot be opened as this run's file ({err.strerror}): remove it"
             ) from None
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
+        problem = not_own_regular_file(os.fstat(fd))
+        if problem is not None:
             os.close(fd)
-            what = "is not a regular file" if not stat.S_ISREG(status.st_mode) else f"is owned by uid {status.st_uid}"
-            raise UnsafeRunFolder(f"{self.path / name} {what}, not this run's file: remove it")
+            raise UnsafeRunFolder(f"{self.path / name} {problem}, not this run's file: remove it")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "ab")
 
@@ -114,6 +113,16 @@ class RunFolder:
         if self._fd is None:
             raise ValueError(f"the run folder {self.path} is closed")
         return self._fd
+
+
+def not_own_regular_file(status: os.stat_result) -> str | None:
+    """Why the file of ``status`` (taken on an open descriptor) is not a regular file of this user's, as the end of a
+    sentence about it; None when it is one."""
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file"
+    if status.st_uid != os.geteuid():
+        return f"is owned by uid {status.st_uid}"
+    return None
 
 
 def _check_folder(path: Path, what: str, status: os.stat_result) -> None:
