@@ -54,6 +54,7 @@ def _controller():
     return implementation("stare_controller")
 
 
+# Every class of the algorithm schema, config_groups.py's sub-groups included (re-exported on purpose: one module).
 __all__ = [
     "SURPRISAL_SOURCES",
     "AdvantageConfig",
