@@ -39,6 +39,7 @@ from stare_lightning.algorithms.config_groups import (
 from stare_lightning.config.checks import choice, flag, number, text
 
 if TYPE_CHECKING:
+    from stare_lightning.algorithms.stare import STARERule
     from stare_lightning.algorithms.stare_controller import STAREController
 
 
@@ -156,6 +157,19 @@ class STAREConfig:
             m_min=self.m_min,
             timing=self.timing,
             gate_starts_open=self.gate_starts_open,
+        )
+
+    def rule(self) -> STARERule:
+        """The selection's rule: the variant, P, the selector and the ranking's conventions (its W, M and gate are
+        set per step)."""
+        from stare_lightning.algorithms.stare import STARERule
+
+        return STARERule(
+            variant=self.variant,
+            top_ratio=self.top_ratio,
+            selector=self.selector,
+            k_rounding=self.k_rounding,
+            tie_order=self.tie_order,
         )
 
     def needs_sensitivity(self) -> bool:

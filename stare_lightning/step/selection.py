@@ -178,15 +178,8 @@ class TokenSelection:
     @classmethod
     def resolve(cls, stare: STAREConfig, *, group_size: int) -> TokenSelection:
         selector = STARE_SELECTORS[stare.selector]
-        rule = STARERule(
-            variant=stare.variant,
-            top_ratio=stare.top_ratio,
-            selector=stare.selector,
-            k_rounding=stare.k_rounding,
-            tie_order=stare.tie_order,
-        )
         return cls(
-            rule=rule,
+            rule=stare.rule(),
             timing=selection_timing(stare),
             scope=stare.scope,
             group_size=group_size,
