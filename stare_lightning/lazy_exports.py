@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["lazy_exports"]
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list]]:
-    """``(__getattr__, __dir__)`` for ``package`` whose public ``name`` lives in module ``exports[name]``
-    (absolute, or relative to the package). A name may not be one of the package's submodules: importing that
-    submodule would replace the name with the module."""
+def lazy_exports(
+    package: str, exports: Mapping[str, Sequence[str]]
+) -> tuple[Callable[[str], object], Callable[[], list], list[str]]:
+    """``(__getattr__, __dir__, __all__)`` for ``package``, which offers the names ``exports[module]`` of each of its
+    modules (``module`` absolute, or relative to the package). A name may not be one of the package's submodules:
+    importing that submodule would replace the name with the module."""
+    home: dict[str, str] = {}
+    for module, names in exports.items():
+        for name in names:
+            if name in home:
+                raise ValueError(f"{package} exports {name!r} from both {home[name]} and {module}")
+            home[name] = module
 
     def __getattr__(name: str) -> object:
-        module = exports.get(name)
+        module = home.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module, package), name)
@@ -29,6 +37,6 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(exports) | set(vars(sys.modules[package])))
+        return sorted(set(home) | set(vars(sys.modules[package])))
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(home)

@@ -34,10 +34,11 @@ from stare_lightning.rollout.canary import LogprobCanary
 from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.episodes import ToolEpisodes
 from stare_lightning.rollout.factory import SyncedEngine
+from stare_lightning.seeds import derived_seed
 from stare_lightning.step.collect import verify
 from stare_lightning.step.config import ForwardConfig
 from stare_lightning.step.plan import StepPlan
-from stare_lightning.step.rollout_sources import AsyncRollouts, InStepRollouts, rollout_source
+from stare_lightning.step.rollout_sources import EngineAccess, RolloutSource, rollout_source
 from stare_lightning.step.runner import StepRunner
 from stare_lightning.tools import Tool, ToolsConfig, build_format
 from stare_lightning.trainer.config import OptimConfig
@@ -79,7 +80,7 @@ class STAREModule(LightningModule):
         self.policy: torch.nn.Module | None = None  # built in ``configure_model``
         self.reference: torch.nn.Module | None = None  # there too, with a KL penalty (not with LoRA: ReferencePolicy)
         self.runner: StepRunner | None = None  # once the policy is built and placed (``on_fit_start``)
-        self.rollouts: InStepRollouts | AsyncRollouts | None = None  # where the steps' rollouts come from
+        self.rollouts: RolloutSource | None = None  # where the steps' rollouts come from
         self.engine = SyncedEngine(rollout, self.tokenizer, self.model_dir, seed=seed, lora=self.model_cfg.lora)
         # With a tool every rollout is an episode (rollout/episodes.py); the module owns the tool and closes it.
         self.tools, self.tool = tools or ToolsConfig(), tool
@@ -166,9 +167,9 @@ class STAREModule(LightningModule):
             world_size=self.trainer.world_size,
             same_batch_entropy=self.same_batch_entropy,
         )
-        parts = (self.rollout, self.plan, self.runner, self.engine, self.trainer.datamodule)
-        engines = {"engine": self._rollout_engine, "sampler": self._sampler, "seed_of": self._step_seed}
-        self.rollouts = rollout_source(*parts, **engines, max_steps=self.trainer.max_steps)
+        engines = EngineAccess(self.engine, engine=self._rollout_engine, sampler=self._sampler)
+        data, steps = self.trainer.datamodule, self.trainer.max_steps
+        self.rollouts = rollout_source(self.rollout, self.runner, data, engines, seed=self.seed, max_steps=steps)
 
     def _stateful(self) -> dict:
         """What a checkpoint keeps besides weights, optimizer and telemetry (None: this run has no such part)."""
@@ -186,7 +187,8 @@ class STAREModule(LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def training_step(self, batch: list[dict], batch_idx: int) -> None:
-        timer, seed = StepTimer(self.device), self._step_seed(self.global_step)
+        # The same seed on every rank: prompts are told apart by record id, mini-batches split over the global batch.
+        timer, seed = StepTimer(self.device), derived_seed(self.seed, self.global_step)
         source = self.rollouts.take(batch, seed=seed, step=self.global_step, policy=self.policy)
         timer.lap(source.phase)
         collection, lr = source.collection, self.lr_schedulers().get_last_lr()[0]
@@ -205,10 +207,6 @@ class STAREModule(LightningModule):
         metrics.update(step_costs(timer, source.step_stats(), tokens=int(result.batch.attention_mask.sum())))
         self.last_rollout_samples = collection.samples()
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=len(batch))
-
-    def _step_seed(self, step: int) -> int:
-        # The same on every rank (prompts are told apart by record id, mini-batches split over the global batch).
-        return self.seed * 1_000_003 + step
 
     def _optimizer_step(self, finite: bool) -> float | None:
         """One optimizer step, skipped (with a warning) when any rank saw a non-finite loss or gradient."""

@@ -31,6 +31,7 @@ from stare_lightning.tools.config import ToolsConfig
 from stare_lightning.trainer.config import OptimConfig
 
 
+# A key and its docstring per field, as in every group's schema: config_reference.py reads them as the key's help.
 @dataclass
 class RunConfig:
     """The whole run. ``trainer``, ``callbacks`` and ``logger`` are ``_target_`` mappings."""

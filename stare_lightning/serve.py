@@ -110,9 +110,14 @@ def _serve(cfg, token: str | None) -> None:
     launched = None
     try:
         launched = launch_servers(
-            server, str(model_dir), dtype=serving_dtype(cfg), seed=cfg.seed, log_dir=log_dir, token=token,
+            server,
+            str(model_dir),
+            dtype=serving_dtype(cfg),
+            seed=cfg.seed,
+            log_dir=log_dir,
+            token=token,
             adapters=adapters,
-        )  # fmt: skip
+        )
         print(f"rollout servers: {' '.join(launched.urls)} (model {model_dir}; logs {log_dir})", flush=True)
         while True:
             dead = launched.dead()

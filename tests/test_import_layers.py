@@ -4,7 +4,7 @@ Every import statement counts, at module level and inside functions (an import i
 at the top, only later). Imports under ``if TYPE_CHECKING:`` never run and are left out of the layers, but not of the
 cycles: two modules that name each other's types cannot be read or moved apart, whether or not the import runs.
 ``from pkg import name`` is an edge to ``pkg.name`` when that is a module of the package, else to ``pkg`` itself. A
-package's lazy exports (``lazy_exports(__name__, {name: module})``) are edges to the modules they name: asking for
+package's lazy exports (``lazy_exports(__name__, {module: names})``) are edges to the modules they name: asking for
 the name imports them. Importing a submodule also runs its parents' ``__init__``, which is not counted: it would tie
 every package to its own ``__init__`` both ways.
 """
@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "distributed",
             "allocator",
             "lazy_exports",
+            "seeds",
             "config",
             "run_folder",
         ),
@@ -127,7 +128,7 @@ def _absolute(module: str | None, level: int, package: str) -> str:
 
 
 def _lazy_exports(tree: ast.Module, package: str) -> list[str]:
-    """The modules a package's ``lazy_exports(__name__, {name: module})`` imports when a name is first asked for."""
+    """The modules a package's ``lazy_exports(__name__, {module: names})`` imports when a name is first asked for."""
     assigned = {
         target.id: node.value
         for node in tree.body
@@ -142,10 +143,10 @@ def _lazy_exports(tree: ast.Module, package: str) -> list[str]:
             continue
         exports = node.args[1] if len(node.args) > 1 else None
         exports = assigned.get(exports.id) if isinstance(exports, ast.Name) else exports
-        for value in exports.values if isinstance(exports, ast.Dict) else ():
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                dotted = value.value.lstrip(".")
-                found.append(_absolute(dotted, len(value.value) - len(dotted), package))
+        for key in exports.keys if isinstance(exports, ast.Dict) else ():
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                dotted = key.value.lstrip(".")
+                found.append(_absolute(dotted, len(key.value) - len(dotted), package))
     return found
 
 
@@ -321,10 +322,10 @@ def test_the_checker_sees_function_level_relative_and_aliased_imports_and_skips_
         # Lazy exports: one absolute, one relative; a name asked for imports its module.
         "high/__init__.py": (
             "from pkg.lazy_exports import lazy_exports\n"
-            "_EXPORTS = {'f': 'pkg.low.late', 'VALUE': '..low.base'}\n"
-            "__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)\n"
+            "_EXPORTS = {'pkg.low.late': ('f',), '..low.base': ('VALUE',)}\n"
+            "__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)\n"
         ),
-        "lazy_exports.py": "def lazy_exports(package, exports):\n    return None, None\n",
+        "lazy_exports.py": "def lazy_exports(package, exports):\n    return None, None, []\n",
         "high/helpers.py": "import pkg.low.base as base\nfrom ..low import VALUE\n",
         # A cycle: a imports b at the top, b imports a inside a function.
         "high/a.py": "from pkg.high import b\n",

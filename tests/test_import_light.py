@@ -49,3 +49,23 @@ def test_a_choice_other_than_the_default_is_still_checked(group, key, value):
 
     with pytest.raises(ValueError, match=rf"algorithm\.{group}\.{key}='{value}' is not allowed: choose one of \["):
         AlgorithmConfig(**{group: {key: value}})
+
+
+def test_a_package_namespace_imports_a_name_only_when_asked_and_refuses_a_name_listed_twice(monkeypatch):
+    """``lazy_exports``: each package's names grouped by the module that holds them."""
+    import os
+    import types
+
+    from stare_lightning.lazy_exports import lazy_exports
+
+    code = "import stare_lightning.metrics as m\nassert 'ClipFraction' in m.__all__ and 'ClipFraction' in dir(m)\n"
+    assert _modules_after(code) == set()  # listed, not imported
+    assert "torch" in _modules_after("from stare_lightning.metrics import ClipFraction")
+    package = types.ModuleType("lazy_probe")
+    monkeypatch.setitem(sys.modules, "lazy_probe", package)
+    getter, _, names = lazy_exports("lazy_probe", {"json": ("dumps", "loads"), "os.path": ("join",)})
+    assert names == ["dumps", "join", "loads"] and getter("join") is os.path.join and package.join is os.path.join
+    with pytest.raises(AttributeError, match="has no attribute 'dump'"):
+        getter("dump")
+    with pytest.raises(ValueError, match=r"exports 'join' from both json and os\.path"):
+        lazy_exports("lazy_probe", {"json": ("join",), "os.path": ("join",)})

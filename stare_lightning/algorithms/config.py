@@ -39,6 +39,7 @@ from stare_lightning.algorithms.config_groups import (
 from stare_lightning.config.checks import choice, flag, number, text
 
 if TYPE_CHECKING:
+    from stare_lightning.algorithms.stare import STARERule
     from stare_lightning.algorithms.stare_controller import STAREController
 
 
@@ -54,6 +55,7 @@ def _controller():
     return implementation("stare_controller")
 
 
+# Every class of the algorithm schema, config_groups.py's sub-groups included (re-exported on purpose: one module).
 __all__ = [
     "SURPRISAL_SOURCES",
     "AdvantageConfig",
@@ -185,6 +187,19 @@ class STAREConfig:
             target_schedule=self.target_schedule,
             target_end=self.target_end,
             target_horizon=self.target_horizon,
+        )
+
+    def rule(self) -> STARERule:
+        """The selection's rule: the variant, P, the selector and the ranking's conventions (its W, M and gate are
+        set per step)."""
+        from stare_lightning.algorithms.stare import STARERule
+
+        return STARERule(
+            variant=self.variant,
+            top_ratio=self.top_ratio,
+            selector=self.selector,
+            k_rounding=self.k_rounding,
+            tie_order=self.tie_order,
         )
 
     def needs_sensitivity(self) -> bool:

@@ -57,6 +57,8 @@ def registered(config, prefix: str, name: str, names) -> None:
     registered_choice(f"{prefix}{name}", getattr(config, name), default=default, names=names)
 
 
+# Each sub-group reads like every schema (rollout/, trainer/ ...): a key and its docstring, the help config_reference.py
+# shows for it; runs of such fields look alike across the schemas on purpose.
 @dataclass
 class AdvantageConfig:
     """``algorithm.advantage``: the group advantage estimator (``algorithms/advantages.py``) and its settings."""

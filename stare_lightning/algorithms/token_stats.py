@@ -32,8 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from stare_lightning.algorithms.vocab_chunks import (
     RowSource,
-    Workspace,
-    chunk_grad,
+    backward_chunks,
     finish_forward,
     forward_chunks,
     math_dtype,
@@ -104,20 +103,7 @@ class _ChunkedLogitStats(torch.autograd.Function):
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         src = RowSource(logits)
         grad_flat = grad.view(src.rows, src.width)
-        ws = Workspace(min(ctx.chunk_size, src.rows), src.width, lse.dtype, lse.device)
-        for start in range(0, src.rows, ctx.chunk_size):
-            end = min(src.rows, start + ctx.chunk_size)
-            z = ws.load(src.get(start, end), ctx.temperature)
-            g = chunk_grad(
-                z,
-                ws.p[: end - start],
-                flat_t[start:end],
-                lse[start:end],
-                ent[start:end] if g_ent is not None else None,
-                None if g_lp is None else g_lp[start:end].to(z.dtype),
-                None if g_ent is None else g_ent[start:end].to(z.dtype),
-                ctx.temperature,
-            )
+        for start, end, _, g in backward_chunks(ctx, src, flat_t, lse, ent, g_lp, g_ent):
             grad_flat[start:end] = g
         return grad, None, None, None, None, None
 
@@ -164,21 +150,7 @@ class _ChunkedHiddenStats(torch.autograd.Function):
             return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
         src = RowSource(hidden)
         grad_h_flat = grad_h.view(src.rows, src.width) if need_h else None
-        ws = Workspace(min(ctx.chunk_size, src.rows), weight.shape[0], lse.dtype, lse.device)
-        for start in range(0, src.rows, ctx.chunk_size):
-            end = min(src.rows, start + ctx.chunk_size)
-            h = src.get(start, end)
-            z = ws.load_matmul(h, weight, ctx.temperature)
-            g = chunk_grad(
-                z,
-                ws.p[: end - start],
-                flat_t[start:end],
-                lse[start:end],
-                ent[start:end] if g_ent is not None else None,
-                None if g_lp is None else g_lp[start:end].to(z.dtype),
-                None if g_ent is None else g_ent[start:end].to(z.dtype),
-                ctx.temperature,
-            )
+        for start, end, h, g in backward_chunks(ctx, src, flat_t, lse, ent, g_lp, g_ent, weight=weight):
             if need_h:
                 grad_h_flat[start:end] = g.to(weight.dtype) @ weight
             if need_w:
@@ -226,6 +198,7 @@ def token_stats_from_logits(
     return _pack(lp, ent, s2, s2l, targets.shape, with_entropy, with_sensitivity)
 
 
+# The same keyword options as token_stats_from_logits on purpose: the two differ only in where the logits come from.
 def token_stats_from_hidden(
     hidden: Tensor,
     lm_head_weight: Tensor,

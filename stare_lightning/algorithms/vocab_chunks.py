@@ -6,6 +6,8 @@ Internal to ``algorithms``: ``token_stats`` wraps these in its autograd function
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -168,6 +170,40 @@ def forward_chunks(
                 s2[start:end] = c_s2
                 s2l[start:end] = c_s2l
     return lse, lp, ent, s2, s2l
+
+
+def backward_chunks(
+    ctx,
+    src: RowSource,
+    flat_t: Tensor,
+    lse: Tensor,
+    ent: Tensor,
+    g_lp: Tensor | None,
+    g_ent: Tensor | None,
+    weight: Tensor | None = None,
+) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+    """The backward pass shared by both autograd functions: for each chunk of rows ``[start, end)`` of ``src`` (the
+    logits, or with ``weight`` the hidden states under the LM head ``weight``), ``(start, end, rows, grad)``, where
+    ``grad`` is the gradient w.r.t. the chunk's raw logits (``chunk_grad``), recomputed from ``rows``; it lives in
+    a reused buffer until the next chunk. ``ctx``: the autograd context ``finish_forward`` filled."""
+    width = src.width if weight is None else weight.shape[0]
+    chunk_size, temperature = ctx.chunk_size, ctx.temperature
+    ws = Workspace(min(chunk_size, src.rows), width, lse.dtype, lse.device)
+    for start in range(0, src.rows, chunk_size):
+        end = min(src.rows, start + chunk_size)
+        rows = src.get(start, end)
+        z = ws.load(rows, temperature) if weight is None else ws.load_matmul(rows, weight, temperature)
+        grad = chunk_grad(
+            z,
+            ws.p[: end - start],
+            flat_t[start:end],
+            lse[start:end],
+            ent[start:end] if g_ent is not None else None,
+            None if g_lp is None else g_lp[start:end].to(z.dtype),
+            None if g_ent is None else g_ent[start:end].to(z.dtype),
+            temperature,
+        )
+        yield start, end, rows, grad
 
 
 def finish_forward(ctx, temperature: float, chunk_size: int, with_entropy: bool, lp, ent, s2, s2l):

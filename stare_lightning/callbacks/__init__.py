@@ -3,11 +3,10 @@
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "EntropyGuard": "stare_lightning.callbacks.entropy_guard",
-    "FinalStateCheckpoint": "stare_lightning.callbacks.final_checkpoint",
-    "StepProgressBar": "stare_lightning.callbacks.progress",
-    "RunSummary": "stare_lightning.callbacks.run_summary",
-    "RolloutSampleDump": "stare_lightning.callbacks.sample_dump",
+    ".entropy_guard": ("EntropyGuard",),
+    ".final_checkpoint": ("FinalStateCheckpoint",),
+    ".progress": ("StepProgressBar",),
+    ".run_summary": ("RunSummary",),
+    ".sample_dump": ("RolloutSampleDump",),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -7,18 +7,11 @@ from :mod:`stare_lightning.rewards`.
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "DataConfig": ".config",
-    "PromptDataModule": ".datamodule",
-    "encode_prompt": ".prompts",
-    "render_prompt": ".prompts",
-    "RECIPES": ".recipes",
-    "prepare": ".recipes",
-    "DataError": ".records",
-    "PromptRecord": ".records",
-    "load_records": ".records",
-    "build_records": ".tasks",
-    "sft_examples": ".tasks",
-    "task_names": ".tasks",
+    ".config": ("DataConfig",),
+    ".datamodule": ("PromptDataModule",),
+    ".prompts": ("encode_prompt", "render_prompt"),
+    ".recipes": ("RECIPES", "prepare"),
+    ".records": ("DataError", "PromptRecord", "load_records"),
+    ".tasks": ("build_records", "sft_examples", "task_names"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

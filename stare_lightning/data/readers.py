@@ -1,12 +1,13 @@
 """Where raw rows come from: JSONL, JSON, Parquet, ``datasets`` directories and hub ids, each row with a
-location label (``line N`` for JSONL, 1-based as in an editor; ``item N`` / ``row N``, 0-based, otherwise).
+location label (``line N`` for JSONL, 1-based as in an editor; ``item N`` / ``row N``, 0-based, otherwise); and a
+row's column by its dotted path into nested objects (``reward_model.ground_truth``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,16 @@ _DATASETS_DIR_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 class DataError(ValueError):
     """Bad input data; the message names the source, the location and the key."""
+
+
+def column_value(row: Mapping, path: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted column path in a row."""
+    node: Any = row
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
 
 
 # Records are flat (a prompt, an answer, a little metadata); nesting deeper than this is refused where it is read,

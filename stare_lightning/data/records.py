@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rewards.registry import check_record, get_verifier, is_user_verifier_name, known_verifiers
-from .readers import DataError, rows_of
+from .readers import DataError, column_value, rows_of
 
 SCHEMA_KEYS = ("id", "prompt", "messages", "answer", "verifier", "metadata")
 
@@ -101,19 +101,12 @@ def is_verl_row(row: Any) -> bool:
     return isinstance(reward_model, Mapping) and "ground_truth" in reward_model and "prompt" in row
 
 
-def _lookup(row: Mapping, path: str) -> tuple[bool, Any]:
-    node: Any = row
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 class _VerifierNames:
-    """Checks verifier names once each, with the caller's allow-list for user functions."""
+    """Checks verifier names once each, with the caller's allow-list for user functions; ``default``: the verifier of
+    records that name none."""
 
     def __init__(self, default_verifier: str | None, user_verifiers: Sequence[str]) -> None:
+        self.default = default_verifier
         self.allowed_user = {v for v in (default_verifier, *user_verifiers) if v and is_user_verifier_name(v)}
         self.ok: set = set()
 
@@ -141,7 +134,6 @@ def _build_record(
     source: str,
     where: str,
     auto_id: str,
-    default_verifier: str | None,
     names: _VerifierNames,
     columns: Mapping[str, str],
 ) -> PromptRecord:
@@ -153,7 +145,7 @@ def _build_record(
     values, used = _mapped_values(row, columns, fail)
     prompt, messages = _prompt_or_messages(values, row, fail)
     answer = _answer(values, row, fail)
-    verifier = _verifier(values, default_verifier, names, fail)
+    verifier = _verifier(values, names, fail)
     metadata = values.get("metadata")
     if metadata is None:
         metadata = {}
@@ -188,7 +180,7 @@ def _mapped_values(row: Mapping, columns: Mapping[str, str], fail) -> tuple[dict
         if key not in columns and key in claimed:
             continue
         src = columns.get(key, key)
-        found, value = _lookup(row, src)
+        found, value = column_value(row, src)
         if found:
             used.add(src.split(".", 1)[0])
             values[key] = value
@@ -229,8 +221,8 @@ def _answer(values: dict, row: Mapping, fail) -> str:
     return answer
 
 
-def _verifier(values: dict, default_verifier: str | None, names: _VerifierNames, fail) -> str:
-    verifier = values.get("verifier") or default_verifier
+def _verifier(values: dict, names: _VerifierNames, fail) -> str:
+    verifier = values.get("verifier") or names.default
     if verifier is None:
         raise fail(
             "missing key 'verifier' and no default verifier is set (data.default_verifier); "
@@ -242,6 +234,18 @@ def _verifier(values: dict, default_verifier: str | None, names: _VerifierNames,
     if problem:
         raise fail(f"key 'verifier': {problem}")
     return verifier
+
+
+def _checked_columns(columns: Mapping[str, str | None] | None) -> dict[str, str]:
+    """``data.columns`` without its unmapped keys (None), each key a schema key and each value a field name."""
+    columns = {key: value for key, value in (columns or {}).items() if value is not None}
+    bad_keys = sorted(set(columns) - set(SCHEMA_KEYS))
+    if bad_keys:
+        raise DataError(f"data.columns: unknown schema keys {bad_keys}; allowed: {list(SCHEMA_KEYS)}")
+    for key, value in columns.items():
+        if not isinstance(value, str) or not value:
+            raise DataError(f"data.columns.{key} must be a field name, got {value!r}")
+    return columns
 
 
 def load_records(
@@ -266,13 +270,7 @@ def load_records(
         DataError (a ValueError) naming the source, line/row and key of the first bad record.
     """
     source = os.fspath(path_or_id)
-    columns = {key: value for key, value in (columns or {}).items() if value is not None}  # None: not mapped
-    bad_keys = sorted(set(columns) - set(SCHEMA_KEYS))
-    if bad_keys:
-        raise DataError(f"data.columns: unknown schema keys {bad_keys}; allowed: {list(SCHEMA_KEYS)}")
-    for key, value in columns.items():
-        if not isinstance(value, str) or not value:
-            raise DataError(f"data.columns.{key} must be a field name, got {value!r}")
+    columns = _checked_columns(columns)
     names = _VerifierNames(default_verifier, list(user_verifiers))
     if default_verifier is not None:
         problem = names.check(default_verifier)
@@ -285,15 +283,7 @@ def load_records(
         if not records and is_verl_row(row):
             columns = {**VERL_COLUMNS, **columns}
         auto_id = f"{label}:{where.split()[-1]}"
-        record = _build_record(
-            row,
-            source=source,
-            where=where,
-            auto_id=auto_id,
-            default_verifier=default_verifier,
-            names=names,
-            columns=columns,
-        )
+        record = _build_record(row, source=source, where=where, auto_id=auto_id, names=names, columns=columns)
         if record.id in first_seen:
             raise DataError(f"{source}, {where}: duplicate id {record.id!r} (first seen at {first_seen[record.id]})")
         first_seen[record.id] = where

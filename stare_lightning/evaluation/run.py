@@ -29,7 +29,6 @@ def evaluate(cfg: RunConfig) -> dict:
     """Evaluate and write the three files; returns the results."""
     import lightning
 
-    from stare_lightning.data.benchmarks import benchmark_sampling
     from stare_lightning.data.datamodule import PromptDataModule
     from stare_lightning.train import ignore_expected_warnings
 
@@ -41,10 +40,7 @@ def evaluate(cfg: RunConfig) -> dict:
     names = datamodule.val_benchmarks()
     if not names:
         raise ValueError("evaluate needs validation records: give data.val_files=[...] (each file is a benchmark)")
-    # As JSON holds them (tuples become lists), so that they compare equal to what results.json kept.
-    sampling = json.loads(json.dumps({
-        name: asdict(params) for name, params in benchmark_sampling(cfg.rollout, cfg.data.val_sets, names).items()
-    }))  # fmt: skip
+    sampling = _sampling_as_kept(cfg, names)
     done, kept = _finished(out, sampling)
     todo = [name for name in names if name not in done]
     samples = kept + _run(cfg, datamodule, todo) if todo else kept
@@ -56,9 +52,17 @@ def evaluate(cfg: RunConfig) -> dict:
     return results
 
 
+def _sampling_as_kept(cfg: RunConfig, names: list[str]) -> dict[str, dict]:
+    """Each benchmark's sampling settings as JSON holds them (tuples become lists), so that they compare equal to
+    what results.json kept."""
+    from stare_lightning.data.benchmarks import benchmark_sampling
+
+    sampling = benchmark_sampling(cfg.rollout, cfg.data.val_sets, names)
+    return json.loads(json.dumps({name: asdict(params) for name, params in sampling.items()}))
+
+
 def _run(cfg: RunConfig, datamodule, todo: list[str]) -> list[dict]:
     """Generate and score the benchmarks in ``todo``; every rank returns every rank's samples."""
-    from stare_lightning.config.instantiate import safe_instantiate
     from stare_lightning.tools import build_tool_from_config
     from stare_lightning.train import build_module
 
@@ -67,16 +71,28 @@ def _run(cfg: RunConfig, datamodule, todo: list[str]) -> list[dict]:
     model_dir = _model_dir(cfg, datamodule, tool)
     module = build_module(cfg, model_dir, datamodule, tool)
     recorder = SampleRecorder(todo)
-    trainer = safe_instantiate(
-        {**dict(cfg.trainer), "enable_checkpointing": False, "enable_progress_bar": False},
-        callbacks=[recorder], logger=False, extra_allowed=cfg.allowed_targets, where="trainer", _convert_="all",
-    )  # fmt: skip
+    trainer = _validation_trainer(cfg, recorder)
     try:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     finally:
         if tool is not None:
             tool.close()
     return recorder.samples
+
+
+def _validation_trainer(cfg: RunConfig, recorder: SampleRecorder):
+    """The trainer group's Trainer, without checkpoints, progress bar or logger, its samples kept by ``recorder``."""
+    from stare_lightning.config.instantiate import safe_instantiate
+
+    settings = {**dict(cfg.trainer), "enable_checkpointing": False, "enable_progress_bar": False}
+    return safe_instantiate(
+        settings,
+        callbacks=[recorder],
+        logger=False,
+        extra_allowed=cfg.allowed_targets,
+        where="trainer",
+        _convert_="all",
+    )
 
 
 def _model_dir(cfg: RunConfig, datamodule, tool) -> Path:

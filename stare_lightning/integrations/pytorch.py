@@ -53,13 +53,7 @@ class _SettingsChecks:
 
     def rule(self) -> STARERule:
         """The selection's rule (its W, M and gate are set per step)."""
-        return STARERule(
-            variant=self.variant,
-            top_ratio=self.top_ratio,
-            selector=self.selector,
-            k_rounding=self.k_rounding,
-            tie_order=self.tie_order,
-        )
+        return self.as_config().rule()
 
 
 # STARESettings has STAREConfig's fields and defaults, less those the loop owns: one list of fields, STAREConfig's.

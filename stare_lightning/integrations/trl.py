@@ -48,6 +48,7 @@ from stare_lightning.distributed import rank as global_rank
 from stare_lightning.integrations.pytorch import STARE, STARESettings
 from stare_lightning.integrations.trl_checks import check_grpo_config, check_text_only
 from stare_lightning.integrations.trl_scoring import check_plain_head, score_completions
+from stare_lightning.seeds import derived_seed
 
 try:
     from trl import GRPOTrainer
@@ -113,7 +114,7 @@ class STAREGRPOTrainer(GRPOTrainer):
         stats = self._stare_scores_taken if self._stare_scores_taken is not None else self._stare_scores(batch)
         self._stare_scores_taken = None
         phi = entropy_sensitivity(stats.logprobs, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
-        seed = (self.args.seed + self.state.global_step) * 1_000_003 + global_rank()
+        seed = derived_seed(self.args.seed + self.state.global_step, global_rank())
         result = self.stare.step(
             batch["advantages"],
             mask.bool(),

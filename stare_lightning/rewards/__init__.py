@@ -11,12 +11,8 @@ Score through :class:`VerifierPool` in training: it is the only place with a har
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "ScoreResult": ".message_watch",
-    "VerifierPool": ".pool",
-    "check_record": ".registry",
-    "get_verifier": ".registry",
-    "is_user_verifier_name": ".registry",
-    "known_verifiers": ".registry",
+    ".message_watch": ("ScoreResult",),
+    ".pool": ("VerifierPool",),
+    ".registry": ("check_record", "get_verifier", "is_user_verifier_name", "known_verifiers"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

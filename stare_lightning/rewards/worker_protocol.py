@@ -181,8 +181,11 @@ def decode(payload: bytes, expected: frozenset[str] | set[str], items: int = 0) 
     if kind not in expected:
         raise MalformedMessage(f"a {kind!r} message where only {sorted(expected)} may come")
     if kind == "hello":
-        return {"kind": kind, "pid": _integer(message["pid"], 1, MAX_PID, "hello's pid"),
-                "confinement": _confinement(message["confinement"])}  # fmt: skip
+        return {
+            "kind": kind,
+            "pid": _integer(message["pid"], 1, MAX_PID, "hello's pid"),
+            "confinement": _confinement(message["confinement"]),
+        }
     if kind == "error":
         index = _integer(message["index"], 0, max(items - 1, 0), "an error's index")
         return {

@@ -11,23 +11,11 @@ what the step does, resolved once from the config, in ``plan.py``.
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "Experience": "stare_lightning.step.batch",
-    "RolloutBatch": "stare_lightning.step.batch",
-    "build_rollout_batch": "stare_lightning.step.batch",
-    "micro_batches": "stare_lightning.step.batch",
-    "mini_batch_rows": "stare_lightning.step.batch",
-    "Collection": "stare_lightning.step.collect",
-    "CollectionStats": "stare_lightning.step.collect",
-    "score_rollouts": "stare_lightning.step.collect",
-    "verify": "stare_lightning.step.collect",
-    "MicroBatchLoss": "stare_lightning.step.loss",
-    "micro_batch_loss": "stare_lightning.step.loss",
-    "step_normalizer": "stare_lightning.step.normalizer",
-    "LossPlan": "stare_lightning.step.plan",
-    "StepPlan": "stare_lightning.step.plan",
-    "TokenScores": "stare_lightning.step.scoring",
-    "response_token_stats": "stare_lightning.step.scoring",
-    "score_batch": "stare_lightning.step.scoring",
+    ".batch": ("Experience", "RolloutBatch", "build_rollout_batch", "micro_batches", "mini_batch_rows"),
+    ".collect": ("Collection", "CollectionStats", "score_rollouts", "verify"),
+    ".loss": ("MicroBatchLoss", "micro_batch_loss"),
+    ".normalizer": ("step_normalizer",),
+    ".plan": ("LossPlan", "StepPlan"),
+    ".scoring": ("TokenScores", "response_token_stats", "score_batch"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -173,13 +173,10 @@ def collect(
         zero_std = zero_variance_groups(scored.correct if cfg.dynamic_sampling_metric == "score" else scored.rewards)
         stats.add(scored, zero_std)
         survives = (~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)).tolist()
-        flags = distributed.all_gather_objects(survives)  # every rank's groups, in global prompt order
-        offset = sum(len(f) for f in flags[:rank])
-        chosen = [i for i, ok in enumerate(f for rank_flags in flags for f in rank_flags) if ok][: target - have]
-        mine = [i - offset for i in chosen if offset <= i < offset + len(survives)]
+        chosen, mine = _chosen_groups(survives, target - have, rank)
         if mine:
             kept.append((stats.generation_batches, scored, mine))
-        have += len(chosen)
+        have += chosen
         stop = have >= target or not cfg.dynamic_sampling
         if stop or stats.generation_batches >= cfg.max_generation_batches or more_prompts is None:
             break
@@ -196,6 +193,15 @@ def collect(
     # Fewer kept groups than ranks (rare): a rank left without one trains on its last batch at zero advantage.
     last = share if share.items else replace(scored, rewards=torch.zeros_like(scored.rewards))
     return _kept_collection([(last, None)], stats, params.n, advantage, pad_token_id)
+
+
+def _chosen_groups(survives: list[bool], wanted: int, rank: int) -> tuple[int, list[int]]:
+    """The first ``wanted`` surviving groups of every rank's, in global prompt order: how many they are, and the
+    indices of this rank's among them. A collective: every rank calls it with its own ``survives``."""
+    flags = distributed.all_gather_objects(survives)  # every rank's groups, in global prompt order
+    offset = sum(len(f) for f in flags[:rank])
+    chosen = [i for i, ok in enumerate(f for rank_flags in flags for f in rank_flags) if ok][:wanted]
+    return len(chosen), [i - offset for i in chosen if offset <= i < offset + len(survives)]
 
 
 def _seed_keys(batch_items: list[dict], generation_batch: int, own: int) -> list[str]:

@@ -63,13 +63,7 @@ def micro_batch_loss(
     # Before the policy's forward: a LoRA reference is the policy itself (adapters off), and a second forward of
     # the same module between the first and its backward would interleave with FSDP2's gathers.
     ref_logprobs = _reference_logprobs(reference, part, layout, temperature=temperature, chunk_size=chunk_size)
-    # A selection made here from the current policy may read this forward's Phi or entropy.
-    current_phi, current_entropy = selection.loss_forward_needs()
-    stats = response_token_stats(
-        policy, part, layout, temperature=temperature, chunk_size=chunk_size,
-        with_entropy=plan.needs_entropy or on_policy_first_pass or current_phi or current_entropy,
-        with_sensitivity=on_policy_first_pass or current_phi,
-    )  # fmt: skip
+    stats = _policy_token_stats(policy, part, layout, plan, selection, temperature=temperature, chunk_size=chunk_size)
     from_forward = on_policy_first_pass or plan.old_logprobs_from_forward
     old_logprobs = stats.logprobs.detach() if from_forward else part.old_logprobs
     stare_omega, stare_selected = selection.in_micro_batch(part, stats, old_logprobs, params, seed=seed)
@@ -95,6 +89,31 @@ def micro_batch_loss(
         entropy_coef=entropy_coef,
     )
     return MicroBatchLoss(loss, loss_stats, stats, stare_omega, stare_selected)
+
+
+def _policy_token_stats(
+    policy: torch.nn.Module,
+    part: Experience,
+    layout: ForwardLayout,
+    plan: LossPlan,
+    selection: TokenSelection,
+    *,
+    temperature: float,
+    chunk_size: int,
+) -> TokenStats:
+    """The policy's forward over ``part``, with the statistics the loss needs, those an on-policy first pass keeps
+    as the rollout policy's, and the Phi or entropy a selection made here from the current policy reads."""
+    on_policy_first_pass = part.old_logprobs is None
+    current_phi, current_entropy = selection.loss_forward_needs()
+    return response_token_stats(
+        policy,
+        part,
+        layout,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=plan.needs_entropy or on_policy_first_pass or current_phi or current_entropy,
+        with_sensitivity=on_policy_first_pass or current_phi,
+    )
 
 
 @torch.no_grad()

@@ -12,20 +12,57 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from stare_lightning import distributed
 from stare_lightning.metrics.telemetry import async_metrics
 from stare_lightning.rollout.backends import declared_backend
+from stare_lightning.rollout.base import RolloutEngine
 from stare_lightning.rollout.config import RolloutConfig
+from stare_lightning.seeds import derived_seed
 from stare_lightning.step.collect import Collection, CollectionStats
-from stare_lightning.step.plan import StepPlan
 from stare_lightning.step.producer import RolloutProducer, Taken
 from stare_lightning.step.runner import StepRunner
 
-__all__ = ["AsyncRollouts", "InStepRollouts", "RolloutSource", "StepRollouts", "rollout_source"]
+if TYPE_CHECKING:
+    from stare_lightning.rollout.factory import SyncedEngine
+
+__all__ = [
+    "AsyncRollouts",
+    "EngineAccess",
+    "InStepRollouts",
+    "PromptBatches",
+    "RolloutSource",
+    "StepRollouts",
+    "rollout_source",
+]
+
+
+class PromptBatches(Protocol):
+    """What a rollout source reads of the fit's prompts (``data.datamodule.PromptDataModule``)."""
+
+    batches_consumed: int  # the training batches the dataloader has handed over
+
+    def train_batch(self, index: int) -> list[dict]:
+        """The prompts of training batch ``index``."""
+        ...
+
+    def more_prompts(self, count: int, *, step: int, attempt: int) -> list[dict]:
+        """``count`` prompts for a further generation batch (dynamic sampling) of optimizer step ``step``."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineAccess:
+    """How a rollout source reaches the run's engine. ``synced``: the run's ``SyncedEngine`` (put to sleep after a
+    collection, marked stale after the optimizer steps); ``engine()``: its engine, synced (built on first use);
+    ``sampler(engine)``: what samples from an engine (tool episodes on top of it with a tool)."""
+
+    synced: SyncedEngine
+    engine: Callable[[], RolloutEngine]
+    sampler: Callable[[RolloutEngine], RolloutEngine]
 
 
 @dataclass(frozen=True)
@@ -74,26 +111,30 @@ class RolloutSource(Protocol):
 
 
 def rollout_source(
-    rollout: RolloutConfig, plan: StepPlan, runner: StepRunner, synced, data, *, engine, sampler, seed_of, max_steps
+    rollout: RolloutConfig,
+    runner: StepRunner,
+    data: PromptBatches,
+    engines: EngineAccess,
+    *,
+    seed: int,
+    max_steps: int,
 ) -> RolloutSource:
-    """The source of a run's rollouts: ``AsyncRollouts`` with ``rollout=server``, else ``InStepRollouts``. ``synced``:
-    the run's ``SyncedEngine``; ``engine()``: its engine, synced (built on first use); ``sampler(engine)``: what
-    samples from it (tool episodes on top of it with a tool); ``data``: the ``PromptDataModule``; ``seed_of(step)``:
-    the step's seed; ``max_steps``: the fit's optimizer steps (-1: unbounded). A served backend's rollouts come from a
-    producer beside the trainer (``rollout.max_staleness`` versions behind at most), a colocated one's from the
-    step itself."""
+    """The source of a run's rollouts: ``AsyncRollouts`` with ``rollout=server``, else ``InStepRollouts``. ``data``:
+    the fit's prompts; ``engines``: how the run's engine is reached; ``seed``: the run's (a step's is
+    ``derived_seed(seed, step)``, as the synchronous step's); ``max_steps``: the fit's optimizer steps (-1:
+    unbounded). A served backend's rollouts come from a producer beside the trainer (``rollout.max_staleness``
+    versions behind at most), a colocated one's from the step itself."""
     backend = declared_backend(rollout.backend)
     if backend is None or not backend.served:
-        return InStepRollouts(runner, synced, data, engine=engine, sampler=sampler)
-    engine()  # a served backend is reached now: a server that does not answer stops the run before the first step
+        return InStepRollouts(runner, data, engines)
+    engines.engine()  # a served backend is reached now: a server that does not answer stops the run before step 1
     return AsyncRollouts(
         runner,
         data,
-        engine=engine,
-        sampler=sampler,
+        engines,
         max_staleness=rollout.max_staleness,
-        steps_per_batch=plan.ppo_epochs * plan.mini_batches,
-        seed_of=seed_of,
+        steps_per_batch=runner.plan.ppo_epochs * runner.plan.mini_batches,
+        seed=seed,
         max_steps=max_steps,
     )
 
@@ -101,8 +142,8 @@ def rollout_source(
 class InStepRollouts:
     """The synchronous step's rollouts (``rollout_source`` says what the arguments are)."""
 
-    def __init__(self, runner: StepRunner, synced, data, *, engine: Callable, sampler: Callable) -> None:
-        self.runner, self.synced, self.data, self.engine, self.sampler = runner, synced, data, engine, sampler
+    def __init__(self, runner: StepRunner, data: PromptBatches, engines: EngineAccess) -> None:
+        self.runner, self.data, self.engines = runner, data, engines
 
     def take(self, batch: list[dict], *, step: int, seed: int, policy: torch.nn.Module) -> StepRollouts:
         """The step's rollouts, collected now from the synced engine (``policy`` is what it holds already)."""
@@ -110,13 +151,14 @@ class InStepRollouts:
         def more_prompts(count: int, attempt: int) -> list[dict]:
             return self.data.more_prompts(count, step=step, attempt=attempt)
 
-        collection = self.runner.collect(batch, self.sampler(self.engine()), seed=seed, more_prompts=more_prompts)
-        self.synced.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
+        sampler = self.engines.sampler(self.engines.engine())
+        collection = self.runner.collect(batch, sampler, seed=seed, more_prompts=more_prompts)
+        self.engines.synced.sleep()  # with rollout.enable_sleep_mode: the update gets the engine's GPU memory
         return StepRollouts(collection)
 
     def publish(self, rollouts: StepRollouts, policy: torch.nn.Module) -> None:
-        self.synced.mark_stale()
-        self.engine()  # the weight sync, right after the optimizer steps, on every rank
+        self.engines.synced.mark_stale()
+        self.engines.engine()  # the weight sync, right after the optimizer steps, on every rank
 
     def drain(self) -> None:
         pass
@@ -132,27 +174,26 @@ class AsyncRollouts:
     def __init__(
         self,
         runner: StepRunner,
-        data,
+        data: PromptBatches,
+        engines: EngineAccess,
         *,
-        engine: Callable,
-        sampler: Callable,
         max_staleness: int,
         steps_per_batch: int,
-        seed_of: Callable[[int], int],
+        seed: int,
         max_steps: int,
     ) -> None:
-        self.runner, self.data, self.engine, self.sampler = runner, data, engine, sampler
-        self.max_staleness, self.steps_per_batch, self.seed_of = max_staleness, steps_per_batch, seed_of
+        self.runner, self.data, self.engines = runner, data, engines
+        self.max_staleness, self.steps_per_batch, self.seed = max_staleness, steps_per_batch, seed
         self.max_steps = max_steps
         self.producer: RolloutProducer | None = None
 
     def take(self, batch: list[dict], *, step: int, seed: int, policy: torch.nn.Module) -> StepRollouts:
         """The batch the dataloader just handed over (``batch``, its prompts), at optimizer step ``step``;
         ``policy``: the weights the producer starts from; ``seed`` is the synchronous step's, which the producer
-        derives itself for the batches it collects ahead (``seed_of``)."""
+        derives itself for the batches it collects ahead (``derived_seed`` of the run's seed and the step)."""
         index = self.data.batches_consumed - 1
         if self.producer is None:
-            engine = self.engine()
+            engine = self.engines.engine()
             left = -(-(self.max_steps - step) // self.steps_per_batch) if self.max_steps >= 0 else 2**62
             self.producer = RolloutProducer(
                 lambda b: self._collect(b, engine),
@@ -188,14 +229,14 @@ class AsyncRollouts:
         if self.producer is not None:
             self.producer.close()
 
-    def _collect(self, index: int, engine) -> tuple[Collection, list]:
+    def _collect(self, index: int, engine: RolloutEngine) -> tuple[Collection, list]:
         """The producer's work for batch ``index`` (in its thread): the step's prompts, collected with the seeds the
         synchronous step would use (those of the optimizer step the batch starts at, none skipped)."""
         prompts, step = self.data.train_batch(index), index * self.steps_per_batch
         collection = self.runner.collect(
             prompts,
-            self.sampler(engine),
-            seed=self.seed_of(step),
+            self.engines.sampler(engine),
+            seed=derived_seed(self.seed, step),
             more_prompts=lambda count, attempt: self.data.more_prompts(count, step=step, attempt=attempt),
         )
         return collection, [item["id"] for item in prompts]

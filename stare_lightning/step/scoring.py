@@ -94,6 +94,7 @@ def same_batch_entropy_change(
     return realised, first_order
 
 
+# The same keyword options as score_batch on purpose: the two differ only in where the logits come from.
 @torch.no_grad()
 def scores_from_logits(
     logits: list[Tensor],

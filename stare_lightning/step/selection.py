@@ -40,6 +40,7 @@ from stare_lightning.algorithms.stare import STARERule, stare_weights_for_scope
 from stare_lightning.algorithms.stare_controller import GRPO_PARAMS, StepParams
 from stare_lightning.distributed import all_reduce
 from stare_lightning.distributed import rank as global_rank
+from stare_lightning.seeds import derived_seed
 from stare_lightning.step.batch import Experience, RolloutBatch
 from stare_lightning.step.normalizer import step_normalizer
 from stare_lightning.step.scoring import TokenScores
@@ -190,10 +191,8 @@ class TokenSelection:
     @classmethod
     def resolve(cls, stare: STAREConfig, *, group_size: int) -> TokenSelection:
         selector = STARE_SELECTORS[stare.selector]
-        rule = STARERule(variant=stare.variant, top_ratio=stare.top_ratio, selector=stare.selector,
-                         k_rounding=stare.k_rounding, tie_order=stare.tie_order)  # fmt: skip
         return cls(
-            rule=rule,
+            rule=stare.rule(),
             timing=selection_timing(stare),
             scope=stare.scope,
             group_size=group_size,
@@ -237,7 +236,7 @@ class TokenSelection:
             group_size=self.group_size,
             sensitivity=[scores.phi],
             entropy=[scores.entropy],
-            generator=_generator(None if seed is None else seed * 1_000_003 + global_rank()),
+            generator=_generator(None if seed is None else derived_seed(seed, global_rank())),
             rule=self.rule_for(params, gate_on=True),
         )
         applied = omega if self.applies and params.gate_on else None

@@ -4,16 +4,9 @@ formats that read the policy's calls and write the replies, and the ``tools`` co
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "Tool": "stare_lightning.tools.base",
-    "ToolResult": "stare_lightning.tools.base",
-    "function_schema": "stare_lightning.tools.base",
-    "run_calls": "stare_lightning.tools.base",
-    "ToolsConfig": "stare_lightning.tools.config",
-    "CallFormat": "stare_lightning.tools.formats",
-    "ParsedCall": "stare_lightning.tools.formats",
-    "build_format": "stare_lightning.tools.formats",
-    "build_tool": "stare_lightning.tools.registry",
-    "build_tool_from_config": "stare_lightning.tools.registry",
+    ".base": ("Tool", "ToolResult", "function_schema", "run_calls"),
+    ".config": ("ToolsConfig",),
+    ".formats": ("CallFormat", "ParsedCall", "build_format"),
+    ".registry": ("build_tool", "build_tool_from_config"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

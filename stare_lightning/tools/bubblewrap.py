@@ -28,8 +28,15 @@ import sys
 import sysconfig
 from pathlib import Path
 
-__all__ = ["BUBBLEWRAP_MISSING", "SECRETS", "bubblewrap_argv", "bubblewrap_path", "runtime_dirs", "sandbox_env",
-           "sandbox_python"]  # fmt: skip
+__all__ = [
+    "BUBBLEWRAP_MISSING",
+    "SECRETS",
+    "bubblewrap_argv",
+    "bubblewrap_path",
+    "runtime_dirs",
+    "sandbox_env",
+    "sandbox_python",
+]
 
 BUBBLEWRAP_MISSING = (
     "isolation=bubblewrap needs bubblewrap (bwrap), which is not installed: `apt-get install bubblewrap` "
@@ -40,8 +47,16 @@ BUBBLEWRAP_MISSING = (
 CALL_DIR = "/tmp/.call"  # the host's per-call directory (the program), read-only
 WORK_DIR = "/tmp/work"  # the writable scratch directory, the code's working directory and HOME
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
-           "/etc/ssh", "/etc/ssl/private")  # fmt: skip
+SECRETS = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+)
 
 
 def bubblewrap_path() -> str | None:
@@ -54,9 +69,16 @@ def sandbox_env(home: str) -> dict[str, str]:
     One thread per numerical library, so that numpy stays within the process limit (and off the trainer's cores).
     """
     one = "1"
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": one, "OMP_NUM_THREADS": one, "OPENBLAS_NUM_THREADS": one,
-            "MKL_NUM_THREADS": one}  # fmt: skip
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": one,
+        "OMP_NUM_THREADS": one,
+        "OPENBLAS_NUM_THREADS": one,
+        "MKL_NUM_THREADS": one,
+    }
 
 
 def _inside(path: str, parent: str) -> bool:

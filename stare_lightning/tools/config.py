@@ -18,8 +18,16 @@ __all__ = ["ISOLATIONS", "TOOL_NAMES", "ToolsConfig"]
 TOOL_NAMES = ("none", "python", "calculator")
 ISOLATIONS = ("bubblewrap", "rlimits_unsafe", "sandbox_fusion")
 # The python tool's sandbox: meaningless with the calculator.
-PYTHON_KEYS = ("isolation", "sandbox_fusion_url", "persist_state", "timeout_seconds", "cpu_seconds", "memory_mb",
-               "file_size_mb", "max_processes")  # fmt: skip
+PYTHON_KEYS = (
+    "isolation",
+    "sandbox_fusion_url",
+    "persist_state",
+    "timeout_seconds",
+    "cpu_seconds",
+    "memory_mb",
+    "file_size_mb",
+    "max_processes",
+)
 LOCAL_SANDBOX_KEYS = ("cpu_seconds", "file_size_mb", "max_processes")  # not sent to a SandboxFusion service
 
 

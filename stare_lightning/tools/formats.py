@@ -28,8 +28,16 @@ from typing import Any, Protocol
 
 from stare_lightning.tools.base import Tool, ToolResult, function_schema
 
-__all__ = ["FORMATS", "CallFormat", "CodeBlockFormat", "JsonFormat", "ParsedCall", "ReplyParts", "build_format",
-           "encode_reply"]  # fmt: skip
+__all__ = [
+    "FORMATS",
+    "CallFormat",
+    "CodeBlockFormat",
+    "JsonFormat",
+    "ParsedCall",
+    "ReplyParts",
+    "build_format",
+    "encode_reply",
+]
 
 FORMATS = ("code_block", "json")
 _ASSISTANT_MARK = "ASSISTANT-TEXT-5f2c9e"  # stand-ins rendered through the chat template to find its wrapping
@@ -158,8 +166,11 @@ def chat_template_wrapping(tokenizer: Any, tool: Tool) -> tuple[str, str] | None
     message before it to the start of the next assistant turn; None without a usable chat template."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
-    messages = [{"role": "user", "content": "U"}, {"role": "assistant", "content": _ASSISTANT_MARK},
-                {"role": "tool", "content": _RESULT_MARK}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": _ASSISTANT_MARK},
+        {"role": "tool", "content": _RESULT_MARK},
+    ]
     for extra in ({"tools": [function_schema(tool)]}, {}):  # some templates need the tools, some refuse them
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)

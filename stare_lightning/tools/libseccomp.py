@@ -17,9 +17,16 @@ import os
 from dataclasses import dataclass
 
 __all__ = [
-    "ACT_ALLOW", "ACT_KILL_PROCESS", "Comparison", "Filter", "LibseccompMissing", "act_errno", "syscall_name",
-    "syscall_number", "version",
-]  # fmt: skip
+    "ACT_ALLOW",
+    "ACT_KILL_PROCESS",
+    "Comparison",
+    "Filter",
+    "LibseccompMissing",
+    "act_errno",
+    "syscall_name",
+    "syscall_number",
+    "version",
+]
 
 SONAME = "libseccomp.so.2"
 ACT_KILL_PROCESS = 0x80000000
@@ -36,8 +43,12 @@ class LibseccompMissing(RuntimeError):
 
 
 class _ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]  # fmt: skip
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 class _Version(ctypes.Structure):  # struct scmp_version

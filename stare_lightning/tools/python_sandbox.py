@@ -59,7 +59,7 @@ from stare_lightning.tools.bubblewrap import (
 )
 from stare_lightning.tools.cgroups import CallCgroup, CgroupSetup, join_argv
 from stare_lightning.tools.sandbox_process import ProcessOutcome, ProcessRunner, kill_uid
-from stare_lightning.tools.sandbox_program import replay_program
+from stare_lightning.tools.sandbox_program import PythonToolSpec, replay_program
 from stare_lightning.tools.sandbox_uids import SandboxUids
 from stare_lightning.tools.seccomp import filter_for_this_machine
 
@@ -93,13 +93,8 @@ def unsafe_hidden_dirs() -> list[str]:
     return sorted(p for p in kept if not any(q != p and _inside(p, q) for q in kept))
 
 
-class PythonSandbox:
+class PythonSandbox(PythonToolSpec):
     """The ``python`` tool (see the module docstring for the isolation it gives)."""
-
-    name = "python"
-    argument = "code"
-    description = "Run Python code in a sandbox and return what it prints (stdout and stderr)."
-    argument_description = "Python code to run; use print() to see values."
 
     def __init__(
         self,
@@ -117,9 +112,14 @@ class PythonSandbox:
             raise ValueError(RLIMITS_RENAMED)
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation={isolation!r} is not allowed: choose one of {list(ISOLATIONS)}")
-        for key, value in (("timeout_seconds", timeout_seconds), ("cpu_seconds", cpu_seconds),
-                           ("memory_mb", memory_mb), ("file_size_mb", file_size_mb),
-                           ("max_processes", max_processes), ("max_output_chars", max_output_chars)):  # fmt: skip
+        for key, value in (
+            ("timeout_seconds", timeout_seconds),
+            ("cpu_seconds", cpu_seconds),
+            ("memory_mb", memory_mb),
+            ("file_size_mb", file_size_mb),
+            ("max_processes", max_processes),
+            ("max_output_chars", max_output_chars),
+        ):
             if not value > 0:
                 raise ValueError(f"{key}={value!r} is out of range: must be > 0")
         self.isolation, self.persist_state = isolation, persist_state
@@ -156,8 +156,9 @@ class PythonSandbox:
         """(outcome, whether every process of the call is gone, whether the call ran out of memory)."""
         cgroup = None
         if self._cgroups is not None:
-            cgroup = self._cgroups.create(memory_bytes=self.memory_mb << 20, cpus=CPUS_PER_CALL,
-                                          max_tasks=self.max_processes + _SANDBOX_TASKS)  # fmt: skip
+            cgroup = self._cgroups.create(
+                memory_bytes=self.memory_mb << 20, cpus=CPUS_PER_CALL, max_tasks=self.max_processes + _SANDBOX_TASKS
+            )
         seccomp_fd = None
         if self.isolation == "bubblewrap":
             seccomp_fd = os.memfd_create("stare_seccomp")  # bwrap reads the filter from this descriptor
@@ -168,10 +169,13 @@ class PythonSandbox:
         try:
             argv, env = self._command(host_dir, uid, seccomp_fd)
             outcome = self._runner.run(
-                join_argv(cgroup.procs_files, argv) if cgroup else argv, env=env, cwd="/",
-                timeout=self.timeout_seconds, max_chars=self.max_output_chars,
+                join_argv(cgroup.procs_files, argv) if cgroup else argv,
+                env=env,
+                cwd="/",
+                timeout=self.timeout_seconds,
+                max_chars=self.max_output_chars,
                 pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-            )  # fmt: skip
+            )
         finally:
             # Whatever the call left: processes that left its session, or a namespace still being torn down.
             stopped = self._stop_leftovers(cgroup, uid)
@@ -192,19 +196,30 @@ class PythonSandbox:
 
     def _command(self, host_dir: str, uid: int, seccomp_fd: int | None) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) of one call."""
-        settings = {"uid": uid, "cpu_seconds": self.cpu_seconds, "memory_mb": self.memory_mb,
-                    "file_size_mb": self.file_size_mb, "max_processes": self.max_processes,
-                    "max_open_files": MAX_OPEN_FILES, "workdir": WORK_DIR}  # fmt: skip
+        settings = {
+            "uid": uid,
+            "cpu_seconds": self.cpu_seconds,
+            "memory_mb": self.memory_mb,
+            "file_size_mb": self.file_size_mb,
+            "max_processes": self.max_processes,
+            "max_open_files": MAX_OPEN_FILES,
+            "workdir": WORK_DIR,
+        }
         scratch_mb = max(16, 4 * self.file_size_mb)
         if self.isolation == "bubblewrap":
             settings.update(mode="bubblewrap", program=f"{CALL_DIR}/program.py")
             launcher = [sandbox_python(), "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
             return bubblewrap_argv(self._bwrap, host_dir, scratch_mb, launcher, seccomp_fd), sandbox_env(WORK_DIR)
         settings.update(
-            mode="rlimits_unsafe", program=os.path.join(host_dir, "program.py"),
-            host_workdir=os.path.join(host_dir, "work"), seccomp=os.path.join(host_dir, "seccomp.bpf"),
-            scratch_mb=scratch_mb, hidden=unsafe_hidden_dirs(), runtime=runtime_dirs(), secrets=list(SECRETS),
-        )  # fmt: skip
+            mode="rlimits_unsafe",
+            program=os.path.join(host_dir, "program.py"),
+            host_workdir=os.path.join(host_dir, "work"),
+            seccomp=os.path.join(host_dir, "seccomp.bpf"),
+            scratch_mb=scratch_mb,
+            hidden=unsafe_hidden_dirs(),
+            runtime=runtime_dirs(),
+            secrets=list(SECRETS),
+        )
         # By its real path too: the launcher's mounts may hide a symlink the interpreter was started through.
         launcher = [sandbox_python(), "-I", "-B", "-c", _LAUNCHER, json.dumps(settings)]
         return launcher, sandbox_env(WORK_DIR)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stare_lightning.tools.base import ToolResult, compose_text
-from stare_lightning.tools.sandbox_program import replay_program
+from stare_lightning.tools.sandbox_program import PythonToolSpec, replay_program
 
 __all__ = ["HTTP_SLACK_SECONDS", "SandboxFusion"]
 
@@ -30,13 +30,8 @@ HTTP_SLACK_SECONDS = 10.0  # the service's own start-up and queueing, on top of 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 
-class SandboxFusion:
+class SandboxFusion(PythonToolSpec):
     """The ``python`` tool answered by a SandboxFusion-compatible service at ``url``."""
-
-    name = "python"
-    argument = "code"
-    description = "Run Python code in a sandbox and return what it prints (stdout and stderr)."
-    argument_description = "Python code to run; use print() to see values."
 
     def __init__(
         self,
@@ -71,9 +66,11 @@ class SandboxFusion:
     def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """The service's JSON answer, or a message saying why there is none."""
         request = urllib.request.Request(
-            f"{self.url}/run_code", data=json.dumps(body).encode(), method="POST",
+            f"{self.url}/run_code",
+            data=json.dumps(body).encode(),
+            method="POST",
             headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )  # fmt: skip
+        )
         try:
             with self._opener.open(request, timeout=self.timeout_seconds + HTTP_SLACK_SECONDS) as response:
                 raw = response.read(MAX_ANSWER_BYTES + 1)
@@ -96,8 +93,9 @@ class SandboxFusion:
         run = answer.get("run_result") if isinstance(answer.get("run_result"), dict) else None
         if answer.get("status") == "SandboxError" or run is None:
             message = answer.get("message") or "no run result"
-            return ToolResult(text=compose_text("", f"SandboxError: {message}", self.max_output_chars), ok=False,
-                              seconds=seconds)  # fmt: skip
+            return ToolResult(
+                text=compose_text("", f"SandboxError: {message}", self.max_output_chars), ok=False, seconds=seconds
+            )
         output = f"{run.get('stdout') or ''}{run.get('stderr') or ''}"
         timed_out = run.get("status") == "TimeLimitExceeded"
         note = None

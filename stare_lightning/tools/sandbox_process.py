@@ -62,9 +62,16 @@ class ProcessRunner:
     ) -> ProcessOutcome:
         # A new session: the host can kill the process group; the environment is the sandbox's only.
         proc = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, cwd=cwd, start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
-        )  # fmt: skip
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+        )
         with self._lock:
             self._live.add(proc)
         deadline = time.monotonic() + timeout
@@ -81,9 +88,12 @@ class ProcessRunner:
         text = kept.decode("utf-8", errors="replace")
         truncated = total > len(kept) or len(text) > max_chars
         return ProcessOutcome(
-            output=text[:max_chars], truncated=truncated,
-            returncode=None if (timed_out or flooded) else returncode, timed_out=timed_out, flooded=flooded,
-        )  # fmt: skip
+            output=text[:max_chars],
+            truncated=truncated,
+            returncode=None if (timed_out or flooded) else returncode,
+            timed_out=timed_out,
+            flooded=flooded,
+        )
 
     @staticmethod
     def _read(proc: subprocess.Popen, deadline: float, keep_bytes: int) -> tuple[bytes, int, bool, bool]:

@@ -1,4 +1,5 @@
-"""The Python program a sandbox runs: the replay program (one call with its episode's history).
+"""The ``python`` tool as the policy sees it (``PythonToolSpec``), and the Python program a sandbox runs: the replay
+program (one call with its episode's history).
 
 ``replay_program(code, history)`` is one self-contained script, the same for the local sandbox and a
 SandboxFusion service: it seeds ``random`` with 0, re-runs the episode's earlier calls in one namespace with their
@@ -14,7 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["RUNNER", "replay_program"]
+__all__ = ["RUNNER", "PythonToolSpec", "replay_program"]
+
+
+class PythonToolSpec:
+    """The ``python`` tool's name, argument and descriptions (its function schema): the same tool whichever sandbox
+    answers it, the local one (``PythonSandbox``) or a SandboxFusion service (``SandboxFusion``)."""
+
+    name = "python"
+    argument = "code"
+    description = "Run Python code in a sandbox and return what it prints (stdout and stderr)."
+    argument_description = "Python code to run; use print() to see values."
+
 
 # Runs in the sandbox's Python (any version >= 3.8); its names stay out of the policy's namespace.
 RUNNER = r'''

@@ -29,8 +29,16 @@ from dataclasses import dataclass
 
 from stare_lightning.tools.libseccomp import ACT_ALLOW, Comparison, Filter, LibseccompMissing, act_errno
 
-__all__ = ["DENIED", "SANDBOX", "VERIFIER", "RuleSet", "SeccompUnavailable", "filter_bytes", "filter_for_this_machine",
-           "load"]  # fmt: skip
+__all__ = [
+    "DENIED",
+    "SANDBOX",
+    "VERIFIER",
+    "RuleSet",
+    "SeccompUnavailable",
+    "filter_bytes",
+    "filter_for_this_machine",
+    "load",
+]
 
 CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWNS": 0x00020000,
@@ -44,20 +52,60 @@ CLONE_NAMESPACE_FLAGS = {
 
 DENIED = (
     # namespaces and mounts
-    "unshare", "setns", "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig",
-    "fsmount", "fspick", "mount_setattr",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
     # kernel interfaces with a history of privilege escalations
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "keyctl", "add_key", "request_key",
-    "perf_event_open", "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "perf_event_open",
+    "userfaultfd",
     # other processes
-    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
     # kernels, modules, file handles
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "name_to_handle_at",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "name_to_handle_at",
     "open_by_handle_at",
     # administration
-    "acct", "reboot", "swapon", "swapoff", "syslog", "quotactl", "quotactl_fd", "settimeofday", "clock_settime",
-    "clock_adjtime", "iopl", "ioperm", "fanotify_init", "lookup_dcookie", "uselib",
-)  # fmt: skip
+    "acct",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "quotactl",
+    "quotactl_fd",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "iopl",
+    "ioperm",
+    "fanotify_init",
+    "lookup_dcookie",
+    "uselib",
+)
 
 
 @dataclass(frozen=True)

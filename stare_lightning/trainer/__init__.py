@@ -3,13 +3,10 @@
 from stare_lightning.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "CheckpointWriteError": "stare_lightning.trainer.checkpoint_io",
-    "SafeCheckpointIO": "stare_lightning.trainer.checkpoint_io",
-    "OptimConfig": "stare_lightning.trainer.config",
-    "ResumableCSVLogger": "stare_lightning.trainer.loggers",
-    "build_optimizer": "stare_lightning.trainer.optim",
-    "lr_multiplier": "stare_lightning.trainer.optim",
-    "FSDP2Strategy": "stare_lightning.trainer.strategies",
+    ".checkpoint_io": ("CheckpointWriteError", "SafeCheckpointIO"),
+    ".config": ("OptimConfig",),
+    ".loggers": ("ResumableCSVLogger",),
+    ".optim": ("build_optimizer", "lr_multiplier"),
+    ".strategies": ("FSDP2Strategy",),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted(_EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

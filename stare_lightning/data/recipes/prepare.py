@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..readers import DataError
+from ..readers import DataError, column_value
 from ..records import load_records
 from .sources import open_rows
-from .table import SUFFIXES, Layout, Recipe, RowError, column_value, get_recipe
+from .table import SUFFIXES, Layout, Recipe, RowError, get_recipe
 
 VERIFIER = "math"
 

@@ -27,16 +27,6 @@ class RowError(ValueError):
     """A bad value in one row; the caller adds the recipe, the file and the row."""
 
 
-def column_value(row: Mapping, path: str) -> tuple[bool, Any]:
-    """(found, value) of a dotted column path in a row."""
-    node: Any = row
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def _text(value: Any, column: str) -> str:
     if value is None:
         raise RowError(f"column {column!r} is empty (null)")

@@ -22,8 +22,10 @@ from dataclasses import dataclass, fields
 
 from ...rewards.expr import safe_eval
 from ..records import PromptRecord
+from .splits import DisjointSplits
 
 VERIFIERS = {"boxed": "numeric", "last_number": "last_number"}  # answer_format -> verifier
+_SPLITS = DisjointSplits("arithmetic", "expression", "raise num_operands or digits, or lower data.val_size")
 
 
 @dataclass(frozen=True)
@@ -83,37 +85,9 @@ def make_records(
             f"data.task_kwargs.answer_format={params.answer_format!r} applies to data.prompt_style=instruct only "
             "(a plain prompt's response is the bare value)"
         )
-    val_rng = random.Random(f"arithmetic/val/{seed}")
-    val_exprs: list[str] = []
-    seen: set = set()
-    attempts = 0
-    while len(val_exprs) < val_size:
-        attempts += 1
-        if attempts > 200 * val_size + 1000:
-            raise ValueError(
-                f"arithmetic: only {len(val_exprs)} distinct expressions found for val_size={val_size}; "
-                "raise num_operands or digits, or lower data.val_size"
-            )
-        expr = _draw(val_rng, params)
-        if expr not in seen:
-            seen.add(expr)
-            val_exprs.append(expr)
-    if split == "val":
-        return [_record("val", i, e, style, params) for i, e in enumerate(val_exprs)]
-    train_rng = random.Random(f"arithmetic/train/{seed}")
-    records: list[PromptRecord] = []
-    misses = 0
-    while len(records) < size:
-        expr = _draw(train_rng, params)
-        if expr in seen:
-            misses += 1
-            if misses > 1000 + 100 * size:
-                raise ValueError(
-                    "arithmetic: every expression of these settings is in the validation split; lower data.val_size"
-                )
-            continue
-        records.append(_record("train", len(records), expr, style, params))
-    return records
+    expressions = _SPLITS.draw(split, size, seed=seed, val_size=val_size, draw=lambda rng: _draw(rng, params))
+    label = "val" if split == "val" else "train"
+    return [_record(label, i, expression, style, params) for i, expression in enumerate(expressions)]
 
 
 def _record(split: str, index: int, expression: str, style: str, params: ArithmeticParams) -> PromptRecord:

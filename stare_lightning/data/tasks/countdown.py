@@ -30,8 +30,10 @@ from functools import lru_cache
 
 from ...rewards.expr import parse_expression
 from ..records import PromptRecord
+from .splits import DisjointSplits
 
 VERIFIER = "countdown"
+_SPLITS = DisjointSplits("countdown", "problem", "widen the number range or lower data.val_size")
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
@@ -219,41 +221,17 @@ def make_records(
     split: str, size: int, *, style: str, seed: int, val_size: int, params: CountdownParams
 ) -> list[PromptRecord]:
     """``size`` records of ``split`` ("train" or "val"); train never contains a val problem."""
-    val_rng = random.Random(f"countdown/val/{seed}")
-    val_keys: set = set()
-    records: list[PromptRecord] = []
-    if split == "val":
-        size = val_size
-    attempts = 0
-    while len(val_keys) < val_size:
-        attempts += 1
-        if attempts > 200 * val_size + 1000:
-            raise ValueError(
-                f"countdown: only {len(val_keys)} distinct problems found for val_size={val_size}; "
-                "widen the number range or lower data.val_size"
-            )
-        shown, target, solution, n_sol, n_forms = _draw(val_rng, params)
-        key = (tuple(sorted(shown)), target)
-        if key in val_keys:
-            continue
-        val_keys.add(key)
-        if split == "val":
-            records.append(_record("val", len(records), shown, target, solution, n_sol, n_forms, style, params))
-    if split == "val":
-        return records
-    train_rng = random.Random(f"countdown/train/{seed}")
-    misses = 0
-    while len(records) < size:
-        shown, target, solution, n_sol, n_forms = _draw(train_rng, params)
-        if (tuple(sorted(shown)), target) in val_keys:
-            misses += 1
-            if misses > 1000 + 100 * size:
-                raise ValueError(
-                    "countdown: every problem of these settings is in the validation split; lower data.val_size"
-                )
-            continue
-        records.append(_record("train", len(records), shown, target, solution, n_sol, n_forms, style, params))
-    return records
+    problems = _SPLITS.draw(
+        split, size, seed=seed, val_size=val_size, draw=lambda rng: _draw(rng, params), key=_problem_key
+    )
+    label = "val" if split == "val" else "train"
+    return [_record(label, i, *problem, style, params) for i, problem in enumerate(problems)]
+
+
+def _problem_key(problem: tuple) -> tuple:
+    """Two draws are the same problem when they show the same numbers (in any order) for the same target."""
+    shown, target = problem[:2]
+    return tuple(sorted(shown)), target
 
 
 def _record(split, index, shown, target, solution, n_sol, n_forms, style, params) -> PromptRecord:
