@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -98,8 +98,8 @@ class SignWeights:
         return self.positive == 1.0 and self.negative == 1.0
 
 
-def missing_state(owner: str, state: Mapping[str, Any], keys: set[str]) -> None:
+def missing_state(owner: str, state: Mapping[str, Any], keys: Iterable[str]) -> None:
     """Refuse a checkpointed state that lacks any of ``keys``, naming them."""
-    missing = keys - set(state)
+    missing = set(keys) - set(state)
     if missing:
         raise ValueError(f"{owner} state is missing keys {sorted(missing)}")

@@ -15,8 +15,8 @@ Below target u > 0: positive samples count less and negative samples more, so th
 reverse. With u_max < 1 no weight reaches zero or flips a gradient. I_max bounds how far the integral can carry the
 signal after a long excursion (windup); with K_i I_max <= u_max the clip on u is never held by the integral alone.
 
-Departures from the paper (only its abstract and project page were within reach here, not its equations, so this
-law is designed from control principles and its published outline): the paper concentrates the control on
+Departures from the paper (this law is designed from control principles and the paper's published outline, not
+transcribed from its equations): the paper concentrates the control on
 high-probability positive tokens and low-probability negative tokens; here every token of each advantage sign gets
 its set's weight, one scalar pair per step. The integral is clipped (the paper's anti-windup, if any, is not known
 here), the signal is clipped to [-u_max, u_max], and the weights apply in the same step as the measurement (the
@@ -35,7 +35,7 @@ from stare_lightning.algorithms.entropy_controller import SignWeights, finite_en
 
 __all__ = ["EntropyPIController"]
 
-_STATE_KEYS = {"integral", "error", "signal", "last_entropy", "num_updates"}
+_STATE_KEYS = ("integral", "error", "signal", "last_entropy", "num_updates")  # plain numbers, what a checkpoint keeps
 
 
 class EntropyPIController:
@@ -81,13 +81,7 @@ class EntropyPIController:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "integral": self.integral,
-            "error": self.error,
-            "signal": self.signal,
-            "last_entropy": self.last_entropy,
-            "num_updates": self.num_updates,
-        }
+        return {key: getattr(self, key) for key in _STATE_KEYS}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing_state("EntropyPIController", state, _STATE_KEYS)
