@@ -31,6 +31,17 @@ def listening_ports(pid: int) -> list[tuple[str, int]]:
     return ports
 
 
+def ports_listened_on_here() -> set[int]:
+    """Every TCP port some process listens on in this process's network namespace, whoever owns it."""
+    ports = set()
+    for family in ("tcp", "tcp6"):
+        for line in Path(f"/proc/self/net/{family}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == _LISTEN:
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
 def network_namespace(pid: int | str) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 

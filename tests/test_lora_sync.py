@@ -432,11 +432,21 @@ def test_the_servers_engine_ports_are_out_of_another_users_reach(lora_server, ot
     serving. The control, a gloo group on the host's network dying of the same flood: tests/test_private_net.py."""
     from stare_lightning.rollout.server.trainer_side import http
     from stare_lightning.rollout.server.trainer_side.client import ServerClient
-    from tests.engine_ports import FLOOD, listening_ports, network_namespace, process_group, server_pid
+    from tests.engine_ports import (
+        FLOOD,
+        listening_ports,
+        network_namespace,
+        ports_listened_on_here,
+        process_group,
+        server_pid,
+    )
 
     url, _ = lora_server
     members = process_group(server_pid(url.removeprefix(http.UNIX_SCHEME)))
-    ports = sorted({port for pid in members for port in listening_ports(pid)})
+    # A port number some other process on the host happens to listen on too (another test's engine, say) would
+    # answer the flood for reasons of its own: the flood goes to the server's ports that are free on the host.
+    taken = ports_listened_on_here()
+    ports = sorted({port for pid in members for port in listening_ports(pid) if port[1] not in taken})
     assert len(ports) >= 2, "the engine's worker listens on TCP in its namespace"
     assert network_namespace("self") not in {network_namespace(pid) for pid in members}
     flood = other_user.run(FLOOD.format(ports=ports, rounds=150), timeout=120)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.engine_ports import FLOOD, listening_ports, network_namespace
+from tests.engine_ports import FLOOD, listening_ports, network_namespace, ports_listened_on_here
 
 # A gloo group as a vLLM worker has them, with a low descriptor limit so that the leak shows in a few hundred
 # connections; it reports "ready", then works the group until stopped, and says so on stdin's end.
@@ -43,7 +43,10 @@ def _gloo(private: bool) -> subprocess.Popen:
 
 
 def _flood_then_finish(process: subprocess.Popen, other_user) -> tuple[dict, int, str]:
-    ports = listening_ports(process.pid)
+    # In a private namespace, a port number that some other process on the host listens on too (another test's
+    # engine, say) would answer the flood for reasons of its own: only ports free on the host are flooded there.
+    taken = ports_listened_on_here() if network_namespace(process.pid) != network_namespace("self") else set()
+    ports = [port for port in listening_ports(process.pid) if port[1] not in taken]
     assert ports, "a gloo group listens on TCP"
     flood = other_user.run(FLOOD.format(ports=ports, rounds=1000), timeout=120)
     out, err = process.communicate("\n", timeout=60)
