@@ -207,9 +207,13 @@ def test_slurm_fit_on_two_real_nodes_survives_a_lost_rank_and_matches_one_proces
     run = cluster.shared / "slurm_fit"
     job = ["--nodes=2", "--gpus-per-node=0", str(REPO / "scripts" / "slurm_fit.sh"), *SHARDED, f"output_dir={run}"]
     first = cluster.submit(*job, cwd=cluster.shared)
-    checkpoint = run / "checkpoints" / "last.ckpt" / ".metadata"
+    # Complete once Lightning's own state (meta.pt, rank 0) follows the shards' index (.metadata, all ranks).
+    checkpoint = [run / "checkpoints" / "last.ckpt" / name for name in (".metadata", "meta.pt")]
     deadline = time.time() + 900
-    while not checkpoint.exists() and cluster.job(first, cluster.shared).state in ("PENDING", "RUNNING"):
+    while not all(p.exists() for p in checkpoint) and cluster.job(first, cluster.shared).state in (
+        "PENDING",
+        "RUNNING",
+    ):
         assert time.time() < deadline, "no step-2 checkpoint after 900 s"
         time.sleep(0.2)
     assert cluster.kill("node2", "-m stare_lightning fit") == 1
