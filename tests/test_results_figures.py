@@ -138,6 +138,13 @@ def test_the_lora_page_quotes_the_logged_memory_and_step_times():
     assert times[4:] == parts + span(per_run(LORA, lora, "train/time/update", "median"), 0)
 
 
+def test_the_smollm2_page_quotes_the_jobs_logged_step_times():
+    jobs = sorted(path for path in FULL.iterdir() if (path / "metrics.csv").is_file())
+    medians = [pd.read_csv(job / "metrics.csv")["train/time/step_s"].median() for job in jobs]
+    times = quoted("docs/results/smollm2.md", rf"the jobs' median step, `train/time/step_s`, took {NUMBER}-{NUMBER} s")
+    assert len(jobs) >= 10 and times == span(medians, 1)
+
+
 TRL_CURVES = REPO / "docs" / "assets" / "figures" / "trl_entropy.json"
 
 
