@@ -102,12 +102,16 @@ class Cluster:
 
     def wait(self, job_id: str, cwd: Path, timeout: float = 900) -> Job:
         deadline = time.time() + timeout
-        while (job := self.job(job_id, cwd)).state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        while (job := self.job(job_id, cwd)).state in ACTIVE_STATES:
             if time.time() > deadline:
                 subprocess.run(["scancel", job_id], env=self.env, check=False)
                 raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s: {job.output[-4000:]}")
             time.sleep(1)
         return job
+
+    def active(self, job_id: str, cwd: Path) -> bool:
+        """The job is queued or under way: not yet in a final state."""
+        return self.job(job_id, cwd).state in ACTIVE_STATES
 
     def job(self, job_id: str, cwd: Path) -> Job:
         shown = subprocess.run(["scontrol", "show", "job", job_id], env=self.env, capture_output=True, text=True)
@@ -115,6 +119,11 @@ class Cluster:
         output = cwd / f"slurm-{job_id}.out"
         text = output.read_text() if output.exists() else ""
         return Job(job_id, fields.get("JobState", "UNKNOWN"), fields.get("NodeList", ""), text)
+
+
+# A job's states before its final one. CONFIGURING comes between PENDING and RUNNING while its nodes are readied: a
+# poll that took only PENDING and RUNNING for "under way" saw a job just started as over.
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
 
 
 @contextmanager

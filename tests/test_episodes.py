@@ -29,10 +29,12 @@ from stare_lightning.tools import ToolResult, build_format, build_tool
 # worker asking for the same cold start would wait on its lock, idle).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
 
-# The cold start the offline tool experiment uses, on fewer records and steps (cached for the session).
-# The held-out problems are left out of the training records, so data.val_size is part of what the cold start
+# The cold start the offline tool experiment uses, on fewer records and steps (cached for the session). After 150
+# steps the policy calls the calculator in most episodes and still writes a malformed call now and then, and on the
+# two-rank fit of tests/test_fit_tools.py one step keeps fewer groups than there are ranks (step/collect.py's
+# stand-in). The held-out problems are left out of the training records, so data.val_size is part of what the cold start
 # learns from: every test of the tool policy uses the same value and shares one warm-up.
-TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "data.val_size=8", "model.cold_start.steps=300"]
+TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "data.val_size=8", "model.cold_start.steps=150"]
 BUDGET, TURNS = 96, 2
 
 
@@ -102,9 +104,13 @@ def test_tool_replies_are_marked_answered_and_within_budget(policy, tokenizer, p
         assert runs == [(who == "policy", text) for who, text in stats.segments]
         tool_texts = [text for who, text in stats.segments if who == "tool"]
         calls = [text for who, text in stats.segments if who == "policy" and text.rstrip().endswith("</code>")]
+        answers = build_format("code_block", calc)
         for call, reply in zip(calls, tool_texts):  # each reply is the calculator's answer to the call
-            payload = call[call.rindex("<code>") + len("<code>") : call.rindex("</code>")]
-            expected = build_format("code_block", calc).render_result(calc.run(payload))
+            if "<code>" in call:
+                payload = call[call.rindex("<code>") + len("<code>") : call.rindex("</code>")]
+                expected = answers.render_result(calc.run(payload))
+            else:  # "</code>" alone, which a less trained policy writes: the format's error answers it
+                expected = answers.render_error(answers.parse(call).error)
             assert expected.startswith(reply)  # the last reply may be cut by the budget
         assert stats.turns == stats.tool_calls + 1 or stats.ended_by != "answer"
 

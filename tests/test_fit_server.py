@@ -2,7 +2,8 @@
 weights pushed through files and over the network;
 asynchronous steps (``rollout.max_staleness=2``) lagging by exactly their bound and equal over one rank and two (with
 two servers); a server that dies mid-run ending the run with one line, its checkpoint intact and resumable (the
-resumed run pushes its weights to a fresh server before sampling); servers started elsewhere with ``serve``."""
+resumed run pushes its weights to a fresh server before sampling); servers started elsewhere with ``serve``. The
+colocated reference fit is also the one-process side of the two-process FSDP2 fit with colocated vLLM engines."""
 
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def test_a_server_fit_takes_the_colocated_fits_steps(colocated, tmp_path, model_
     assert list((run / "servers").glob("server-*.log"))  # the launched server's log is in the run directory
 
 
+@SHARES_THE_REFERENCE
+def test_two_process_fsdp_with_vllm_rollouts_matches_one_process(colocated, tmp_path, model_cache):
+    """The default backend: each rank's colocated vLLM engine samples its prompts as one engine would all."""
+    two = tmp_path / "fsdp"
+    _fit([f"output_dir={two}", *SHARDED, "trainer=fsdp", "trainer.devices=2", "rollout=vllm"], model_cache, tmp_path)
+    _assert_same_steps(colocated, two)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with slurm_cluster("servers", 2, nodes=3) as nodes:
@@ -109,7 +118,7 @@ def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, mod
     )
     checkpoint = run / "checkpoints" / "last.ckpt" / ".metadata"
     deadline = time.time() + 900
-    while not checkpoint.exists() and cluster.job(job, cluster.shared).state in ("PENDING", "RUNNING"):
+    while not checkpoint.exists() and cluster.active(job, cluster.shared):
         assert time.time() < deadline, "no step-2 checkpoint after 900 s"
         time.sleep(0.2)
     assert cluster.kill("node1", "vllm.entrypoints.openai.api_server") >= 1

@@ -10,7 +10,9 @@ import pytest
 from tests.test_episodes import TOOL_RUN
 from tests.test_fit import read_metrics, run_cli, train_rows
 
-pytestmark = pytest.mark.slow
+# On the worker that runs tests/test_episodes.py: these fits share its tool policy's cold start (another worker would
+# wait on the cache's lock, idle, while it is made).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
 
 SHORT = [
     *TOOL_RUN,

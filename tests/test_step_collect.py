@@ -179,6 +179,38 @@ def test_dynamic_sampling_filters_the_global_batch(tmp_path):
     assert ranks[0][2] + ranks[1][2] == pytest.approx(one_advantages)
 
 
+def collect_one_survivor(rank: int, world: int) -> tuple[list[str], int, int, list[float]]:
+    """Rank ``rank`` of ``world`` collects its share of a b c d, of which only a has rewards that differ: the kept
+    groups' ids, the batch's rows, its rows with a token to train on, and its advantages."""
+    script = {(0, "a"): MIXED, (0, "b"): ALL_WRONG, (0, "c"): ALL_WRONG, (0, "d"): ALL_RIGHT}
+    share = 4 // world
+    with VerifierPool() as pool:
+        got = _collect(
+            pool,
+            ScriptedEngine(script),
+            [_item(x) for x in "abcd"[rank * share : (rank + 1) * share]],
+            dynamic_sampling=True,
+            max_generation_batches=1,
+        )
+    batch = got.batch
+    return [item["id"] for item in got.items], batch.num_rows, int(batch.response_mask.any(-1).sum()), got.texts
+
+
+@pytest.mark.slow
+def test_a_rank_dealt_no_kept_group_holds_rows_without_a_token_to_train_on(tmp_path):
+    """One kept group, two ranks: rank 0 trains on it, rank 1 on a stand-in (its own rows, for the update's
+    collectives) that puts no token in the loss, its token-mean or any metric, and reports no group: between them
+    the ranks hold what one process holds. Before, rank 1 trained on its rows at zero advantage, and their tokens
+    diluted the step's token-mean (and its metrics) as one process's never are."""
+    from tests.distributed import run_on_ranks
+
+    one = collect_one_survivor(0, 1)
+    assert one[0] == ["a"] and one[1] == one[2] == N
+    ranks = run_on_ranks(collect_one_survivor, tmp_path)
+    assert ranks[0] == one
+    assert ranks[1] == ([], 2 * N, 0, [])
+
+
 def test_seeds_follow_the_prompt_and_the_generation_batch_not_the_position(pool):
     engine = ScriptedEngine({(0, "a"): MIXED, (0, "b"): MIXED, (1, "b"): MIXED, (1, "a"): MIXED})
     _collect(pool, engine, [_item("a"), _item("b")], dynamic_sampling=False)

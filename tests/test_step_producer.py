@@ -302,7 +302,8 @@ def produce_with_a_rank_filtered_out(rank: int, world: int) -> list[tuple[int, l
 @pytest.mark.slow
 def test_a_rank_whose_groups_were_all_filtered_out_joins_every_collective(tmp_path):
     """Asynchronous collection over two gloo ranks: whatever dynamic sampling leaves a rank, the rank trains on every
-    batch (on a dealt share, or on its own last groups at zero advantage) and both ranks take every step."""
+    batch (on a dealt share, on a stand-in of its own rows when the other rank was dealt every kept group, or on its
+    own last groups at zero advantage when no group survived) and both ranks take every step."""
     from tests.distributed import run_on_ranks
 
     ranks = run_on_ranks(produce_with_a_rank_filtered_out, tmp_path)
@@ -310,8 +311,9 @@ def test_a_rank_whose_groups_were_all_filtered_out_joins_every_collective(tmp_pa
     assert versions == [[0, 0, 1]] * 2  # batch b from version max(0, b - 1) on both ranks
     kept = [[ids for _, ids, *_ in ranks[r]] for r in (0, 1)]
     # Batch 0: a and b dealt one each (rank 1's own c and d were filtered out); batch 1: g to rank 0, and rank 1
-    # keeps its own g and h at zero advantage; batch 2: each rank its own groups at zero advantage.
-    assert kept == [[["a"], ["g"], ["i", "j"]], [["b"], ["g", "h"], ["k", "l"]]]
+    # runs on a stand-in (its own rows, no group); batch 2: nothing survived, each rank its own groups at zero
+    # advantage.
+    assert kept == [[["a"], ["g"], ["i", "j"]], [["b"], [], ["k", "l"]]]
     signal = [[peak > 0 for _, _, peak, _ in ranks[r]] for r in (0, 1)]
     assert signal == [[True, True, False], [True, False, False]]
     assert [rows for *_, rows in ranks[0]] == [2 * N, 3 * N, 4 * N] == [rows for *_, rows in ranks[1]]

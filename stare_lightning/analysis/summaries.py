@@ -14,9 +14,11 @@ from pathlib import Path
 from stare_lightning.analysis.runs import METRICS_FILE, arm_label, load_run
 
 # Columns the figures and diagnoses read; a summary keeps these only (pooled validation metrics; maj@n per benchmark;
-# with asynchronous rollouts the samples' staleness, the behaviour-to-current log-prob gap and where the time went).
+# with asynchronous rollouts the samples' staleness, the behaviour-to-current log-prob gap and where the time went;
+# the entropy controllers' signals: the PI controller's, the adaptive bonus's coefficient, STARE's scheduled target).
 _PLOTTED = re.compile(
-    r"(train/(entropy(/.*)?|stare/.*|reward/mean|response_length/mean|distinct_correct|quadrant/.*|grad_norm|"
+    r"(train/(entropy(/.*)?|stare/.*|pi/.*|entropy_bonus/.*|reward/mean|response_length/mean|distinct_correct|"
+    r"quadrant/.*|grad_norm|"
     r"reflection/.*|frac_zero_std_groups|time/.*|memory/.*|async/.*|rollout/logprob_abs_diff/.*)"
     r"|val/(avg@\w+|pass@\w+|[^/]+/maj@\w+|distinct_correct|response_length/mean|reflection/per_response))"
 )

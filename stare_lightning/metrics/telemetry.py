@@ -128,7 +128,7 @@ class TrainTelemetry(nn.Module):
         n = collection.correct.shape[1]
         self.reflection.update(collection.texts)
         self.distinct.update(_grouped(collection.texts, n), collection.correct > 0.5)
-        self.lengths.update(mask.sum(-1))
+        self.lengths.update(mask.sum(-1)[mask.any(-1)])  # a stand-in rank's rows sample nothing (step/collect.py)
         self.truncated.update(collection.truncated)
         self.zero_std.update(torch.cat(stats.zero_std_groups))  # before dynamic sampling dropped any group
         self.rewards.update(torch.cat([r.flatten() for r in stats.generated_rewards]).to(mask.device))

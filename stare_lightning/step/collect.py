@@ -12,7 +12,9 @@ prompts (the first one the step's own prompts, then fresh draws). Groups are fil
 code filters on accuracy. When ``max_generation_batches`` batches leave the step short, the project trains on the
 groups kept (if none survived each rank keeps its last batch unfiltered: its zero advantages give zero
 gradient, and every rank still has rows for the collectives of the update); ``budget_exhausted=stop`` stops the
-run with an error, as the reference code does.
+run with an error, as the reference code does. With fewer kept groups than ranks, a rank dealt none holds a
+stand-in: its last batch's rows with no token to train on (an all-false response mask) and no group to report, so
+the step's loss, its token-mean and its metrics are those of the kept groups alone, as on one rank.
 """
 
 from __future__ import annotations
@@ -190,9 +192,31 @@ def collect(
             [(scored, groups) for _, scored, groups in kept], stats, params.n, advantage, pad_token_id
         )
     share = _dealt_share(kept, rank)
-    # Fewer kept groups than ranks (rare): a rank left without one trains on its last batch at zero advantage.
-    last = share if share.items else replace(scored, rewards=torch.zeros_like(scored.rewards))
-    return _kept_collection([(last, None)], stats, params.n, advantage, pad_token_id)
+    if not share.items:  # fewer kept groups than ranks: this rank runs the update's collectives on a stand-in
+        return _stand_in_collection(scored, stats, pad_token_id)
+    return _kept_collection([(share, None)], stats, params.n, advantage, pad_token_id)
+
+
+def _stand_in_collection(scored: ScoredGroups, stats: CollectionStats, pad_token_id: int) -> Collection:
+    """Rows for a rank that was dealt no kept group: ``scored``'s, with no token in the loss or in any token metric
+    (an all-false response mask, zero rewards and advantages), and no group, response or episode to report. A
+    sharded policy's forward is a collective, so the rank still needs rows to run it on."""
+    rows = build_rollout_batch(
+        scored.rollouts,
+        torch.zeros(scored.rewards.numel()),
+        torch.zeros(scored.rewards.numel()),
+        pad_token_id=pad_token_id,
+    )
+    n = scored.rollouts.n
+    return Collection(
+        batch=replace(rows, response_mask=torch.zeros_like(rows.response_mask)),
+        items=[],
+        texts=[],
+        truncated=torch.zeros(0, dtype=torch.bool),
+        correct=torch.zeros(0, n),
+        stats=stats,
+        episodes=[],
+    )
 
 
 def _chosen_groups(survives: list[bool], wanted: int, rank: int) -> tuple[int, list[int]]:
