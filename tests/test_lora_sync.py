@@ -27,6 +27,10 @@ from tests.test_config import compose_run as compose_config
 
 require("peft")
 
+# One xdist worker runs this module: its server tests share one launched LoRA server (a module fixture each worker
+# would otherwise start again).
+pytestmark = pytest.mark.xdist_group("lora_server")
+
 RANK = 4
 VLLM_LORA_RANK = ROLLOUT_BACKENDS["vllm"].adapter_rank(RANK)  # the buffers vLLM serves this rank in
 PROMPTS = [[1, 9, 10, 11, 12], [1, 30, 31, 32]]
