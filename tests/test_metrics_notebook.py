@@ -142,6 +142,15 @@ COMMITTED = {  # notebook -> (its data folder, runs in it, figures it shows)
         + [f"stare_o1_k4_uncorrected_seed{seed}" for seed in (1, 2, 3)],
         1,
     ),
+    "entropy_controllers.ipynb": (
+        "data/entropy_controllers",
+        [
+            f"{arm}_seed{seed}"
+            for arm in ("stare_o1_linear", "entropic_pi", "entropy_bonus_adaptive")
+            for seed in range(1, 11)
+        ],
+        2,
+    ),
     "entropy_dynamics.ipynb": ("data/default_runs", ["grpo_ds", "stare_o1"], 3),
     "offline_headline.ipynb": (
         "data/offline_headline",

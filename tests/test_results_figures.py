@@ -184,3 +184,75 @@ def test_no_page_says_lora_stopped_the_fall(page):
     """The data show a levelling off over the last 20 steps on two seeds of three, not a fall stopped on all three."""
     text = " ".join((REPO / page).read_text().split())
     assert "stopped the fall" not in text and "stopped the entropy's fall" not in text and "all three seeds" not in text
+
+
+# ------------------------------------------------------------------------------------- the entropy controllers
+HEADLINE, CONTROLLERS = (
+    REPO / "notebooks" / "data" / "offline_headline",
+    REPO / "notebooks" / "data" / "entropy_controllers",
+)
+CONTROLLER_ARMS = ("grpo_ds", "stare_o1_w2", "stare_o1_linear", "entropic_pi", "entropy_bonus_adaptive")
+T_975_9 = 2.262157  # Student's t, 97.5% quantile, 9 degrees of freedom (from tables)
+
+
+def outcomes(run: Path) -> dict[str, float]:
+    """Entropy and distinct correct answers over the last 50 training steps, avg@4 and pass@4 over the last three
+    validations: the window scripts/entropy_controller_study.sh fixed."""
+    rows = pd.read_csv(run / "metrics.csv")
+    last = {column: rows[column].dropna() for column in rows.columns}
+    return {
+        "entropy": last["train/entropy"].iloc[-50:].mean(),
+        "distinct": last["train/distinct_correct"].iloc[-50:].mean(),
+        "pass@1": last["val/avg@n"].iloc[-3:].mean(),
+        "pass@4": last["val/pass@4"].iloc[-3:].mean(),
+    }
+
+
+def paired_to_stare_o1(arm: str) -> dict[str, tuple[float, float, float]]:
+    """Arm minus STARE-O1 at W = 3 over seeds 1-10: mean difference and its 95% t interval, per outcome."""
+    folder = HEADLINE if arm in ("grpo_ds", "stare_o1", "stare_o1_w2") else CONTROLLERS  # the committed arms
+    pairs = [(outcomes(folder / f"{arm}_seed{s}"), outcomes(HEADLINE / f"stare_o1_seed{s}")) for s in range(1, 11)]
+    out = {}
+    for name in ("entropy", "distinct", "pass@1", "pass@4"):
+        d = np.array([a[name] - b[name] for a, b in pairs])
+        half = T_975_9 * d.std(ddof=1) / np.sqrt(len(d))
+        out[name] = (d.mean(), d.mean() - half, d.mean() + half)
+    return out
+
+
+def test_the_controller_page_quotes_each_arm_against_stare_o1_as_its_data_say():
+    page = " ".join((REPO / "docs" / "results" / "entropy-controllers.md").read_text().split())
+    cell = rf"{NUMBER} \[{NUMBER}, {NUMBER}\]"
+    for arm in CONTROLLER_ARMS:
+        match = re.search(rf"\| `{arm}` \| {cell} \| {cell} \| {cell} \| {cell} \|", page)
+        assert match, f"docs/results/entropy-controllers.md has no paired row for {arm}"
+        expected = paired_to_stare_o1(arm)
+        quoted_row = [float(x) for x in match.groups()]
+        computed = [round(v, 3) for name in ("entropy", "distinct", "pass@1", "pass@4") for v in expected[name]]
+        assert quoted_row == pytest.approx(computed, abs=0.0015), arm
+    # The verdict the page states follows from those intervals: no arm wins by the script's criterion.
+    winners = []
+    for arm in CONTROLLER_ARMS:
+        (_, lo1, hi1), (_, lo4, hi4) = (paired_to_stare_o1(arm)[k] for k in ("pass@1", "pass@4"))
+        if (lo1 > 0 and hi4 > 0) or (lo1 <= 0 <= hi1 and lo4 > 0):
+            winners.append(arm)
+    assert winners == [] and "no arm wins" in page
+
+
+def test_the_readme_quotes_the_controller_study_as_its_data_say():
+    linear, pi = paired_to_stare_o1("stare_o1_linear"), paired_to_stare_o1("entropic_pi")
+    cell = rf"{NUMBER} \[{NUMBER}, {NUMBER}\]"
+    figures = quoted(
+        "README.md",
+        rf"The annealed target comes closest: pass@1 {cell} and pass@4 {cell} against W = 3, for an entropy of "
+        rf"{NUMBER} nats against {NUMBER}\. The PI controller ends at GRPO-ds's entropy \({NUMBER} nats\) and loses "
+        rf"pass@4 \({cell}\)",
+    )
+    folders = {"stare_o1_linear": CONTROLLERS, "stare_o1": HEADLINE, "entropic_pi": CONTROLLERS}
+    entropy = {
+        arm: np.mean([outcomes(folder / f"{arm}_seed{seed}")["entropy"] for seed in range(1, 11)])
+        for arm, folder in folders.items()
+    }
+    expected = [*linear["pass@1"], *linear["pass@4"], entropy["stare_o1_linear"], entropy["stare_o1"]]
+    expected += [entropy["entropic_pi"], *pi["pass@4"]]
+    assert [float(x) for x in figures] == pytest.approx([round(v, 3) for v in expected], abs=0.0015)
