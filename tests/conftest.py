@@ -148,6 +148,13 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
 
 
+def pytest_itemcollected(item):
+    """A test that needs the vLLM engine starts one, in process or as a server: an end-to-end test, so ``slow`` too
+    (``make test-fast`` leaves it out), whether or not it says so itself."""
+    if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its node id (pytest-xdist
