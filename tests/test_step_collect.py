@@ -179,9 +179,9 @@ def test_dynamic_sampling_filters_the_global_batch(tmp_path):
     assert ranks[0][2] + ranks[1][2] == pytest.approx(one_advantages)
 
 
-def collect_one_survivor(rank: int, world: int) -> tuple[list[str], int, int, list[float]]:
+def collect_one_survivor(rank: int, world: int) -> tuple[list[str], int, int, list[str]]:
     """Rank ``rank`` of ``world`` collects its share of a b c d, of which only a has rewards that differ: the kept
-    groups' ids, the batch's rows, its rows with a token to train on, and its advantages."""
+    groups' ids, the batch's rows, its rows with a token to train on, and the responses it reports."""
     script = {(0, "a"): MIXED, (0, "b"): ALL_WRONG, (0, "c"): ALL_WRONG, (0, "d"): ALL_RIGHT}
     share = 4 // world
     with VerifierPool() as pool:
