@@ -14,6 +14,11 @@ not counted). It is a floor for one server: gloo over one TCP connection rarely 
 
     python benchmarks/bench_transfer.py                 # about a minute on 2 quiet cores
     python benchmarks/bench_transfer.py --json out.json
+
+With ``--url`` the server is one already running on another host (``serve``, its secret in
+``$STARE_LIGHTNING_SERVER_TOKEN``): the network push goes from this host's address on the route to it, and files go
+through ``--transfer-dir``, a directory both hosts mount. ``benchmarks/bench_transfer_cluster.sh`` runs it so
+across two nodes of ``scripts/cluster.sh``.
 """
 
 from __future__ import annotations
@@ -100,43 +105,64 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trainer-cpu", type=int, default=0)
     parser.add_argument("--engine-cpu", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--url", default=None, help="a running server on another host (default: launch one here)")
+    parser.add_argument("--transfer-dir", default=None, help="with --url: a directory both hosts see, for files")
     args = parser.parse_args(argv)
+    if (args.url is None) != (args.transfer_dir is None):
+        parser.error("--url and --transfer-dir go together: files to a server on another host need a shared directory")
     os.sched_setaffinity(0, {args.trainer_cpu})
     torch.set_num_threads(1)
 
     from transformers import AutoModelForCausalLM
 
     from stare_lightning.models.registry import resolve_model
-    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
     from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec, free_ports
-    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
 
     model_dir = resolve_model("smollm2-135m-instruct")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    chunk_bytes, token = args.chunk_mb << 20, secrets.token_urlsafe(32)
     results: dict = {"model": str(model_dir), "settings": vars(args) | {"json": None}}
-    with tempfile.TemporaryDirectory(prefix="bench_transfer_") as tmp:
-        spec = ServerSpec(port=free_ports(1)[0], cpus=str(args.engine_cpu))
-        with LaunchedServers(model_dir, [spec], log_dir=Path(tmp), token=token) as servers:
-            client = ServerClient(servers.urls[0], token=token, timeout=600)
-            files = ServerRolloutEngine([client], chunk_bytes=chunk_bytes)
-            try:
-                results["files"] = time_pushes(files, model, args.pushes)
-            finally:
-                files.close()
-            network = NetworkPush([client], token=token, address="127.0.0.1", port=0, timeout=600)
-            over_network = ServerRolloutEngine([client], chunk_bytes=chunk_bytes, network=network)
-            try:
-                results["network"] = time_pushes(over_network, model, args.pushes)
-            finally:
-                over_network.close()
-    pack_s = time_packing(model, token, chunk_bytes, args.pushes)
+    if args.url is not None:
+        token = os.environ["STARE_LIGHTNING_SERVER_TOKEN"]
+        client = ServerClient(args.url, token=token, timeout=600)
+        results |= time_transfers(client, model, args, token, transfer_dir=args.transfer_dir)
+    else:
+        token = secrets.token_urlsafe(32)
+        with tempfile.TemporaryDirectory(prefix="bench_transfer_") as tmp:
+            spec = ServerSpec(port=free_ports(1)[0], cpus=str(args.engine_cpu))
+            with LaunchedServers(model_dir, [spec], log_dir=Path(tmp), token=token) as servers:
+                client = ServerClient(servers.urls[0], token=token, timeout=600)
+                results |= time_transfers(client, model, args, token, transfer_dir=None)
+    pack_s = time_packing(model, token, args.chunk_mb << 20, args.pushes)
     results["network"]["pack_and_digest_alone_s"] = pack_s
     results["digest_bytes_per_s"] = digest_rate()
     results["projection_7b_bf16"] = projection(results["network"]["bytes"] / pack_s, results["digest_bytes_per_s"])
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def time_transfers(client: ServerClient, model, args, token: str, transfer_dir: str | None) -> dict:
+    """Both transfers' pushes to the server ``client`` reaches: files (in ``transfer_dir``, None: shared memory on
+    this host), then the network from this host's address on the route to it."""
+    from stare_lightning.rollout.server.shared.net_group import route_address
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+    from stare_lightning.rollout.server.trainer_side.net_push import NetworkPush
+    from stare_lightning.rollout.server.trainer_side.placement import server_host
+
+    chunk_bytes, results = args.chunk_mb << 20, {}
+    files = ServerRolloutEngine([client], chunk_bytes=chunk_bytes, transfer_dir=transfer_dir)
+    try:
+        results["files"] = time_pushes(files, model, args.pushes)
+    finally:
+        files.close()
+    address = route_address(server_host(client.url) or "127.0.0.1")
+    network = NetworkPush([client], token=token, address=address, port=0, timeout=600)
+    over_network = ServerRolloutEngine([client], chunk_bytes=chunk_bytes, network=network)
+    try:
+        results["network"] = time_pushes(over_network, model, args.pushes)
+    finally:
+        over_network.close()
     return results
 
 

@@ -12,6 +12,7 @@
 #   scripts/cluster.sh run HOST CMD..  run CMD on HOST (node1.., ctl, or a host added with `host`)
 #   scripts/cluster.sh host NAME       add a bare host on the same network (no slurmd), for what runs beside SLURM
 #   scripts/cluster.sh link HOST up|down   plug a host's network link in or pull it out
+#   scripts/cluster.sh shape HOST RATE|off limit what reaches HOST to RATE (tc's units: 1mbit), or lift the limit
 #   scripts/cluster.sh pids HOST       the processes running on HOST (the machine's process IDs)
 #   scripts/cluster.sh env             the variables that point SLURM's commands here: eval "$(scripts/cluster.sh env)"
 #   scripts/cluster.sh status          the hosts, their addresses, and sinfo
@@ -170,11 +171,18 @@ case ${1:-} in
     [[ $# -eq 3 && $3 =~ ^(up|down)$ ]] || die "usage: link HOST up|down"
     ip link set "$(cat "$DIR/hosts/$2.link" 2>/dev/null || die "no host '$2'")" "$3"
     ;;
+  shape)
+    [[ $# -eq 3 && $3 =~ ^(off|[0-9]+[kmg]?bit)$ ]] || die "usage: shape HOST RATE|off (RATE: 1mbit, 500kbit, ...)"
+    link=$(cat "$DIR/hosts/$2.link" 2>/dev/null || die "no host '$2'")
+    # The host's end of its link sends what the bridge forwards to the host: a token bucket there slows its inbound.
+    if [[ $3 == off ]]; then tc qdisc del dev "$link" root 2>/dev/null || true
+    else tc qdisc replace dev "$link" root tbf rate "$3" burst 32kbit latency 1s; fi
+    ;;
   pids) [[ $# -eq 2 ]] || die "usage: pids HOST"; anchor_pid "$2" >/dev/null; netns_pids "$NAME-$2" ;;
   env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
   status)
     for f in "$DIR"/hosts/*.pid; do [[ -e $f ]] && echo "$(basename "$f" .pid) pid $(cat "$f")"; done
     SLURM_CONF=$DIR/slurm.conf sinfo
     ;;
-  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -70,13 +70,13 @@ class Cluster:
         full_env = {**self._script_env(), **(env or {})}
         return subprocess.Popen(["bash", str(SCRIPT), "run", host, *command], env=full_env, text=True, **pipes)
 
-    def kill(self, host: str, command_part: str) -> int:
-        """SIGKILL the processes on ``host`` whose command line holds ``command_part``; how many there were."""
+    def kill(self, host: str, command_part: str, sig: int = signal.SIGKILL) -> int:
+        """Signal (``sig``) the processes on ``host`` whose command line holds ``command_part``; how many there were."""
         killed = 0
         for pid in map(int, self.script("pids", host).stdout.split()):
             try:
                 if command_part in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                     killed += 1
             except (FileNotFoundError, ProcessLookupError):
                 pass  # ended meanwhile

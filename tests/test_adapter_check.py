@@ -1,9 +1,11 @@
 """The checks a server's adapter route makes before the engine loads an adapter
 (``rollout/server/in_vllm/adapter_check.py``), without a server: each refusal beside the accepted directory it was
-made from (the control), and the copy the engine loads holding exactly the bytes that were checked."""
+made from (the control), the same for an adapter sent inside its request (``shared/adapter_wire.py``), and the copy
+the engine loads holding exactly the bytes that were checked."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -19,8 +21,10 @@ from stare_lightning.rollout.server.in_vllm.adapter_check import (
     checked_adapter_files,
     rewritten_load,
 )
+from stare_lightning.rollout.server.shared.adapter_wire import inline_load_request
 
 CONFIG, WEIGHTS = ADAPTER_FILES
+TOKEN = "the-servers-secret-" + "s" * 24
 
 
 def _adapter(folder: Path, value: float = 0.5) -> Path:
@@ -93,7 +97,7 @@ def test_the_engine_loads_a_private_copy_of_the_checked_bytes_kept_while_it_serv
 
     def load(name: str) -> Path:
         body = json.dumps({"lora_name": name, "lora_path": str(good), "load_inplace": False}).encode()
-        request = json.loads(rewritten_load(body, adapters))
+        request = json.loads(rewritten_load(body, adapters, TOKEN))
         assert request["lora_name"] == name and request["load_inplace"] is False
         return Path(request["lora_path"])
 
@@ -118,3 +122,77 @@ def test_the_engine_loads_a_private_copy_of_the_checked_bytes_kept_while_it_serv
     finally:
         if adapters._directory is not None:
             adapters._directory.remove()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in ADAPTER_FILES}
+
+
+def _signed_by_another(request: dict) -> None:
+    request["digest"] = inline_load_request(request["lora_name"], _decoded(request), "another-secret-" + "x" * 24)[
+        "digest"
+    ]
+
+
+def _decoded(request: dict) -> dict[str, bytes]:
+    return {name: base64.b64decode(text) for name, text in request["lora_files"].items()}
+
+
+def _bytes_changed_on_the_way(request: dict) -> None:
+    files = _decoded(request)
+    files[WEIGHTS] = files[WEIGHTS].replace(b"\x00\x00\x00?", b"\x00\x00\x80?")  # 0.5 -> 1.0, same length
+    request["lora_files"] = {name: base64.b64encode(data).decode() for name, data in files.items()}
+
+
+def _renamed_on_the_way(request: dict) -> None:
+    request["lora_name"] = "another-name"
+
+
+def _a_third_file(request: dict) -> None:
+    request["lora_files"]["tokenizer.json"] = base64.b64encode(b"{}").decode()
+
+
+def _not_base64(request: dict) -> None:
+    request["lora_files"][CONFIG] = "not base64!"
+
+
+def _a_path_as_well(request: dict) -> None:
+    request["lora_path"] = "/elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("spoil", "refusal"),
+    [
+        (_signed_by_another, "digest does not match its files"),
+        (_bytes_changed_on_the_way, "digest does not match its files"),
+        (_renamed_on_the_way, "digest does not match its files"),
+        (_a_third_file, "lora_files has .*'tokenizer.json'.*; expected exactly"),
+        (_not_base64, "lora_files\\['adapter_config.json'\\] is not base64"),
+        (_a_path_as_well, "exactly one of lora_path and lora_files"),
+    ],
+)
+def test_an_adapter_sent_inside_its_request_is_refused_unless_signed_with_the_secret(tmp_path, spoil, refusal):
+    good = _files(_adapter(tmp_path / "good"))
+    adapters = CheckedAdapters()
+    try:
+        control = json.loads(
+            rewritten_load(json.dumps(inline_load_request("v1", good, TOKEN)).encode(), adapters, TOKEN)
+        )
+        assert set(control) == {"lora_name", "lora_path"} and _files(Path(control["lora_path"])) == good
+        adapters.settle("v1", loaded=True)
+        request = inline_load_request("v2", good, TOKEN)
+        spoil(request)
+        with pytest.raises(AdapterRefused, match=refusal):
+            rewritten_load(json.dumps(request).encode(), adapters, TOKEN)
+        assert adapters._directory.names() == [Path(control["lora_path"]).name]  # nothing copied for the refusal
+    finally:
+        if adapters._directory is not None:
+            adapters._directory.remove()
+
+
+def test_an_adapter_sent_inside_its_request_gets_the_checks_of_one_read_from_a_directory(tmp_path):
+    spoiled = _adapter(tmp_path / "spoiled")
+    _spoil_with_inf(spoiled)
+    request = inline_load_request("v1", _files(spoiled), TOKEN)  # signed: the values, not the digest, are wrong
+    with pytest.raises(AdapterRefused, match="the adapter sent as 'v1'.*lora_B.weight' holds 1 non-finite values"):
+        rewritten_load(json.dumps(request).encode(), CheckedAdapters(), TOKEN)

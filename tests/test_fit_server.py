@@ -1,15 +1,18 @@
 """``rollout=server`` end to end, with real vLLM server processes: the same steps as the colocated engine, with the
-weights pushed through files and over the network;
-asynchronous steps (``rollout.max_staleness=2``) lagging by exactly their bound and equal over one rank and two (with
-two servers); a server that dies mid-run ending the run with one line, its checkpoint intact and resumable (the
-resumed run pushes its weights to a fresh server before sampling); servers started elsewhere with ``serve``. The
-colocated reference fit is also the one-process side of the two-process FSDP2 fit with colocated vLLM engines."""
+weights pushed through files and over the network; on a SLURM cluster of namespaces (``tests/cluster.py``), the
+servers recipe, a LoRA run sending its adapters, a lost rollout node, a cut link, and a stranger to the secret;
+asynchronous steps (``rollout.max_staleness=2``) lagging by exactly their bound and equal over one rank on one host
+and two nodes started by hand (two servers, by URL); a server that dies mid-run ending the run with one line, its
+checkpoint intact and resumable (the resumed run pushes its weights to a fresh server before sampling); servers
+started elsewhere with ``serve``. The colocated reference fit is also the one-process side of the two-process FSDP2
+fit with colocated vLLM engines."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import signal
 import stat
 import subprocess
@@ -32,6 +35,8 @@ SHARES_THE_REFERENCE = pytest.mark.xdist_group("server")
 FAULTS = pytest.mark.xdist_group("server_faults")
 # Every step's samples in rollouts.jsonl, to compare them between engines.
 DUMP = ["+callbacks.sample_dump={_target_:stare_lightning.callbacks.RolloutSampleDump,every_n_steps:1,max_groups:8}"]
+# The sharded fit's settings for processes on the cluster's nodes, which reach their servers (rollout=server).
+ON_NODES = [arg for arg in SHARDED if arg != "rollout=hf"]
 
 
 def _samples(run: Path) -> list[list[str]]:
@@ -81,9 +86,8 @@ def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(
     cluster.copy_models(model_cache)
     run = cluster.shared / "servers"
     script = str(REPO / "scripts" / "slurm_servers.sh")
-    overrides = [arg for arg in SHARDED if arg != "rollout=hf"]  # the script sets rollout=server
     job = cluster.sbatch(
-        "--nodes=3", "--gpus-per-node=0", script, *overrides, *DUMP, cwd=cluster.shared, env={"OUTPUT_DIR": str(run)}
+        "--nodes=3", "--gpus-per-node=0", script, *ON_NODES, *DUMP, cwd=cluster.shared, env={"OUTPUT_DIR": str(run)}
     )
     assert job.state == "COMPLETED" and job.nodes == "node[1-3]", job.output[-4000:]
     assert "weights go to 1 rollout server(s) over the network (gloo, rendezvous at " in job.output
@@ -99,20 +103,23 @@ def test_the_slurm_servers_recipe_on_three_nodes_takes_the_colocated_fits_steps(
 
 @SHARES_THE_REFERENCE
 def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, model_cache):
-    """The vLLM server on node1 is killed after the step-2 checkpoint: the trainer on node2-3 ends within its request
-    timeout, each line it prints naming the server, and the job fails instead of hanging. With one rollout node the
-    run cannot go on; its checkpoint is intact for a resubmission (the resume itself is tested above)."""
+    """A LoRA policy trains on node2-3 with adapter-only sync: each version's adapter reaches node1 inside its load
+    request (no directory both see) and is served from the server's own checked copy. Then the vLLM server on node1
+    is killed after the step-2 checkpoint: the trainer ends within its request timeout, each line it prints naming
+    the server, and the job fails instead of hanging. With one rollout node the run cannot go on; its checkpoint is
+    intact for a resubmission (the resume itself is tested above)."""
     cluster.copy_models(model_cache)
     run = cluster.shared / "servers_lost"
     script = str(REPO / "scripts" / "slurm_servers.sh")
-    overrides = [arg for arg in SHARDED if arg != "rollout=hf"]
     long_run = ["trainer.max_steps=50", "rollout.server.request_timeout=60"]
+    lora = ["model.lora.rank=4", "rollout.lora_sync=adapter"]
     job = cluster.submit(
         "--nodes=3",
         "--gpus-per-node=0",
         script,
-        *overrides,
+        *ON_NODES,
         *long_run,
+        *lora,
         cwd=cluster.shared,
         env={"OUTPUT_DIR": str(run)},
     )
@@ -135,6 +142,9 @@ def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, mod
     known = ("rollout server", "another rank of this run ended")
     assert all(any(part in line for part in known) for line in errors), "\n".join(errors)
     assert checkpoint.exists()
+    # Before the loss the adapters went inside their load requests, and the steps up to the checkpoint sampled with
+    # them: every request named its version's adapter, which node1 answers only once it has loaded it (else 404).
+    assert "adapters go to 1 rollout server(s) inside their load requests" in lost.output
 
 
 # The trainer's side of a network push on node2: hosts the rendezvous store on its cluster address, prints where, and
@@ -210,8 +220,40 @@ def test_a_host_without_the_secret_cannot_join_the_weight_transfer_group(cluster
 ASYNC = ["rollout=server", "rollout.max_staleness=2", "trainer.val_check_interval=2"]
 
 
+@pytest.fixture(scope="module")
+def served_by_hand(cluster, model_cache):
+    """``serve`` started by hand on node1, no scheduler: two servers listening on the cluster network (ports 8000 and
+    8001) behind a secret of the test's; their URLs and the secret."""
+    cluster.copy_models(model_cache)
+    token = secrets.token_urlsafe(32)
+    listen = ["rollout.server.host=0.0.0.0", "rollout.server.port=8000", "rollout.server.count=2"]
+    args = ["serve", "trainer=fsdp", *ON_NODES, *ASYNC, *listen, f"output_dir={cluster.shared / 'by_hand'}"]
+    serve = cluster.popen("node1", sys.executable, "-m", "stare_lightning", *args, env=_node_env(cluster, token))
+    printed = []
+    try:
+        for line in serve.stdout:  # bounded by the launcher's own startup timeout
+            printed.append(line)
+            if line.startswith("rollout servers: "):
+                break
+        assert printed and printed[-1].startswith("rollout servers: "), "".join(printed)[-4000:]
+        yield ["http://node1:8000", "http://node1:8001"], token
+    finally:
+        cluster.kill("node1", "stare_lightning serve", signal.SIGTERM)
+        serve.communicate(timeout=120)
+
+
+def _node_env(cluster, token: str) -> dict[str, str]:
+    return {**cluster.env, "STARE_LIGHTNING_SERVER_TOKEN": token}
+
+
+def _by_url(urls: list[str]) -> list[str]:
+    return ["rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{','.join(urls)}]"]
+
+
 @SHARES_THE_REFERENCE
-def test_async_steps_lag_by_at_most_k_and_two_ranks_take_the_same_steps(colocated, tmp_path, model_cache):
+def test_async_steps_lag_by_at_most_k_and_two_nodes_by_hand_take_the_same_steps(
+    colocated, served_by_hand, cluster, tmp_path, model_cache
+):
     one = tmp_path / "async_one_rank"
     _fit([f"output_dir={one}", *ONE_PROCESS, *ASYNC], model_cache, tmp_path)
     rows = train_rows(read_metrics(one))
@@ -223,13 +265,60 @@ def test_async_steps_lag_by_at_most_k_and_two_ranks_take_the_same_steps(colocate
     # The first batch comes from the starting weights, as in the synchronous fit.
     first = min(rows)
     assert rows[first]["train/loss"] == pytest.approx(train_rows(read_metrics(colocated))[first]["train/loss"])
-    # Another layout, other timings: the same versions generate the same samples, so the same steps follow.
-    two = tmp_path / "async_two_ranks"
-    ranks = ["trainer=fsdp", "trainer.devices=2", "rollout.server.count=2"]
-    _fit([f"output_dir={two}", *SHARDED, *ranks, *ASYNC], model_cache, tmp_path)
+    # Another layout on other hosts, other timings: `serve` started by hand on node1 with two servers, and a fit on
+    # node2 and node3 started by torchrun (no scheduler) reaching them by URL, its weights over the network and
+    # nothing shared but the run directory. The same versions generate the same samples, so the same steps follow.
+    urls, token = served_by_hand
+    two = cluster.shared / "async_two_nodes"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    torchrun += ["--master-addr=node2", "--master-port=29500"]
+    fit = ["-m", "stare_lightning", "fit", "trainer=fsdp", "trainer.devices=1", "trainer.num_nodes=2"]
+    fit += [*ON_NODES, *ASYNC, *_by_url(urls), f"output_dir={two}"]
+    env = _node_env(cluster, token)
+    procs = [
+        cluster.popen(node, *torchrun, f"--node-rank={i}", *fit, env=env) for i, node in enumerate(["node2", "node3"])
+    ]
+    outputs = [proc.communicate(timeout=900)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(out[-3000:] for out in outputs)
+    assert "weights go to 2 rollout server(s) over the network (gloo, rendezvous at " in outputs[0]
+    assert not (two / "weights").exists()
     _assert_same_steps(one, two)
     rows = train_rows(read_metrics(two))
     assert [rows[step]["train/async/staleness/max"] for step in sorted(rows)] == [0.0, 1.0, 2.0]
+
+
+@SHARES_THE_REFERENCE
+def test_a_link_cut_mid_push_ends_the_run_in_one_line_and_the_server_keeps_its_weights(served_by_hand, cluster):
+    """node1's link is slowed to 1 Mbit/s (a push of the tiny model then takes about 18 s) and pulled out 2 s into
+    a fit's first push from node2: the fit ends within its request timeout with one line naming the server, and the
+    server, once the link is back, still serves the version it had."""
+    urls, token = served_by_hand
+    client = ServerClient(f"http://{cluster.subnet}.1:8000", token=token, timeout=60)  # node1, from this machine
+    before = client.weight_version()
+    run = cluster.shared / "link_cut"
+    args = ["fit", *ONE_PROCESS, *_by_url(urls[:1]), "rollout.server.request_timeout=20", f"output_dir={run}"]
+    cluster.script("shape", "node1", "1mbit")
+    printed = []
+    try:
+        fit = cluster.popen("node2", sys.executable, "-m", "stare_lightning", *args, env=_node_env(cluster, token))
+        for line in fit.stdout:
+            printed.append(line)
+            if "over the network (gloo, rendezvous at" in line:
+                break
+        time.sleep(2)
+        cluster.script("link", "node1", "down")
+        cut = time.monotonic()
+        printed.append(fit.communicate(timeout=300)[0])
+        ended = time.monotonic() - cut
+    finally:
+        cluster.script("link", "node1", "up")
+        cluster.script("shape", "node1", "off")
+    out = "".join(printed)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert fit.returncode != 0 and len(errors) == 1 and "Traceback" not in out, out[-4000:]
+    assert "rollout server http://node1:8000" in errors[0] and "within 20 s" in errors[0], errors
+    assert ended < 20 + 30  # the request timeout, and the run's teardown
+    assert client.weight_version() == before  # the cut round never swapped
 
 
 def _server_pids(log_dir: Path) -> list[int]:

@@ -328,6 +328,34 @@ def test_the_adapter_route_loads_only_finite_adapters_its_user_owns(lora_server,
         client.unload_adapter("checked-good")
 
 
+@pytest.mark.vllm
+def test_adapters_sent_inside_their_requests_are_served_as_trained_and_unsigned_ones_refused(lora_server, tiny_dir):
+    """For a server on another host (``inline_adapters``, chosen with the network transfer): every version's files go
+    in its load request, signed with the run's secret, and are served with their policy's log-probs; the same files
+    signed with another secret are refused (400) and never served."""
+    from stare_lightning.rollout.server.shared.adapter_wire import inline_load_request
+    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
+    from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+
+    url, sync = lora_server
+    client = ServerClient(url, token=TOKEN, timeout=120)
+    engine = ServerRolloutEngine([client], chunk_bytes=1 << 20, adapters=sync, run_tag="inline", inline_adapters=True)
+    try:
+        policies = {seed: _policy(tiny_dir, seed=seed) for seed in (21, 22)}
+        for seed, policy in policies.items():
+            engine.push(engine.gather_weights(policy), version=f"v{seed}")
+        assert _largest_gap(engine.generate(PROMPTS, PARAMS, seeds=[3, 4]), policies[22]) < SAME_LOGPROBS
+        engine.version = "v21"  # the kept older version, sent the same way
+        assert _largest_gap(engine.generate(PROMPTS, PARAMS, seeds=[3, 4]), policies[21]) < SAME_LOGPROBS
+        files = engine._adapters.current.contents
+        forged = inline_load_request("inline-forged", files, "another-secret-" + "x" * 24)
+        with pytest.raises(RolloutServerError, match="HTTP 400.*digest does not match its files"):
+            client._request("POST", "/v1/load_lora_adapter", forged, answer_json=False)
+        assert "inline-forged" not in _served(client) and {"inline-v21", "inline-v22"} <= _served(client)
+    finally:
+        engine.close()
+
+
 def _greedy() -> dict:
     from stare_lightning.rollout.server.trainer_side.engine import sampling_request
 

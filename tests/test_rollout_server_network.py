@@ -146,20 +146,3 @@ def test_auto_picks_the_network_for_a_server_on_another_host(settings, mode):
 def test_transfer_settings_that_cannot_work_are_refused(settings, refusal):
     with pytest.raises(ValueError, match=refusal):
         ServerConfig(**settings).check("server")
-
-
-def test_lora_adapters_over_the_network_are_refused_before_a_server_starts(tmp_path):
-    """Adapters still go by directory: with the network transfer the run says what to set, and starts nothing. The
-    control: merged weights (no adapters) over the network get past the check (to the launch, refused here by a
-    model directory that does not exist)."""
-    from stare_lightning.rollout.adapters import AdapterSync
-    from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
-    from stare_lightning.rollout.server.trainer_side.connect import connect_servers
-
-    server = ServerConfig(transfer="network", host="127.0.0.1", startup_timeout=1)
-    adapters = AdapterSync(rank=8, alpha=16.0, target_modules=("q_proj",), versions=1, max_lora_rank=8)
-    with pytest.raises(RolloutServerError, match="rollout.lora_sync=adapter loads adapters from a directory"):
-        connect_servers(server, str(tmp_path / "none"), dtype="float32", seed=0, log_dir=tmp_path, adapters=adapters)
-    assert not list(tmp_path.iterdir())  # no server log: nothing was started
-    with pytest.raises(RolloutServerError, match="did not start"):
-        connect_servers(server, str(tmp_path / "none"), dtype="float32", seed=0, log_dir=tmp_path)

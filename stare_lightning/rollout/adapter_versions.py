@@ -29,6 +29,7 @@ class AdapterVersion:
     serial: int  # 1 for the run's first version, then 2, ... (vLLM's lora_int_id in the colocated engine)
     path: Path  # its peft adapter directory
     bytes: int  # the adapter tensors' bytes, what the sync moved
+    contents: dict[str, bytes]  # the directory's files, by name (for an engine that cannot read it)
 
 
 class AdapterVersions:
@@ -74,7 +75,7 @@ class AdapterVersions:
         directory.check_in_place()
         with torch.no_grad():
             files = write_adapter(directory, name, weights, self.sync)
-        version = AdapterVersion(name, self.serials, files.path, files.bytes)
+        version = AdapterVersion(name, self.serials, files.path, files.bytes, files.contents)
         try:
             self._load(version)
         except BaseException:

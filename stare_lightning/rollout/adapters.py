@@ -109,6 +109,7 @@ def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 class AdapterFiles:
     path: Path
     bytes: int  # the tensors' bytes, what a sync moves
+    contents: dict[str, bytes]  # each file's bytes, by name: what a server on another host is sent
 
 
 def write_adapter(
@@ -122,10 +123,10 @@ def write_adapter(
         if not tensor_name.startswith(PEFT_PREFIX):
             raise ValueError(f"adapter tensor {tensor_name!r} is not under peft's {PEFT_PREFIX!r}")
         tensors[tensor_name] = tensor.detach().to("cpu").contiguous()
+    contents = {CONFIG_FILE: json.dumps(sync.peft_config()).encode(), WEIGHTS_FILE: save(tensors)}
     with directory.create_directory(name) as adapter:
-        with adapter.create(CONFIG_FILE) as out:
-            out.write(json.dumps(sync.peft_config()).encode())
-        with adapter.create(WEIGHTS_FILE) as out:
-            out.write(save(tensors))
+        for file, data in contents.items():
+            with adapter.create(file) as out:
+                out.write(data)
         path = adapter.path
-    return AdapterFiles(path, sum(t.numel() * t.element_size() for t in tensors.values()))
+    return AdapterFiles(path, sum(t.numel() * t.element_size() for t in tensors.values()), contents)

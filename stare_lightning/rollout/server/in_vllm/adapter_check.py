@@ -17,6 +17,9 @@ request to ``CheckedAdapters.load`` first, which
 
 The engine so loads exactly the bytes that were checked, whatever happens to the trainer's directory meanwhile.
 A copy goes when its adapter is unloaded, and all of them when the server exits.
+
+A trainer on another host sends the files inside the request instead of a path (``shared/adapter_wire.py``): their
+digest under the server's secret is checked first, then the same checks, and the same private copy is loaded.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import os
 import secrets
 import stat
 
-__all__ = ["AdapterRefused", "CheckedAdapters", "checked_adapter_files", "adapter_name", "rewritten_load"]
+from stare_lightning.rollout.server.shared.adapter_wire import ADAPTER_FILES, InlineAdapterRefused, inline_adapter_files
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what vLLM reads of a peft adapter
+__all__ = ["AdapterRefused", "CheckedAdapters", "checked_adapter_files", "adapter_name", "rewritten_load"]
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # no link, and no blocking on a FIFO
 
@@ -50,9 +53,23 @@ def checked_adapter_files(path: str) -> dict[str, bytes]:
         files = {name: _read(folder, path, name) for name in ADAPTER_FILES}
     finally:
         os.close(folder)
-    _check_config(path, files[ADAPTER_FILES[0]])
-    _check_finite(path, files[ADAPTER_FILES[1]])
+    _check_contents(path, files)
     return files
+
+
+def checked_inline_files(request: dict, token: str) -> dict[str, bytes]:
+    """The adapter files a load ``request`` carries (``lora_files``), once their digest and contents pass."""
+    try:
+        files = inline_adapter_files(request, token)
+    except InlineAdapterRefused as err:
+        raise AdapterRefused(str(err)) from None
+    _check_contents(f"the adapter sent as {request['lora_name']!r}", files)
+    return files
+
+
+def _check_contents(where: str, files: dict[str, bytes]) -> None:
+    _check_config(where, files[ADAPTER_FILES[0]])
+    _check_finite(where, files[ADAPTER_FILES[1]])
 
 
 class CheckedAdapters:
@@ -64,11 +81,10 @@ class CheckedAdapters:
         self._copies: dict[str, str] = {}
         self._pending: dict[str, str] = {}
 
-    def load(self, name: str, path: str) -> str:
-        """Check the adapter in ``path``, copy it privately, and return the copy's path (what the engine loads)."""
+    def load(self, name: str, files: dict[str, bytes]) -> str:
+        """Copy the checked adapter ``files`` privately, and return the copy's path (what the engine loads)."""
         from stare_lightning.rollout.transfer_dir import TransferDirectory
 
-        files = checked_adapter_files(path)
         if self._directory is None:
             self._directory = TransferDirectory()  # 0700 in /dev/shm, removed at exit
         copy = f"adapter-{secrets.token_hex(8)}"
@@ -101,16 +117,23 @@ class CheckedAdapters:
             self._directory.delete(copy)
 
 
-def rewritten_load(body: bytes, adapters: CheckedAdapters) -> bytes:
-    """A ``load_lora_adapter`` request body with its ``lora_path`` replaced by the checked copy's (pending in
-    ``adapters`` until ``settle``)."""
+def rewritten_load(body: bytes, adapters: CheckedAdapters, token: str) -> bytes:
+    """A ``load_lora_adapter`` request body naming the checked copy's path (pending in ``adapters`` until
+    ``settle``) instead of ``lora_path``, or of the ``lora_files`` it carried (their digest keyed by ``token``)."""
     try:
         request = json.loads(body)
     except json.JSONDecodeError:
         raise AdapterRefused("the load_lora_adapter request is not JSON") from None
     if not isinstance(request, dict) or not isinstance(request.get("lora_name"), str):
-        raise AdapterRefused("the load_lora_adapter request needs lora_name and lora_path")
-    request["lora_path"] = adapters.load(request["lora_name"], request.get("lora_path"))
+        raise AdapterRefused("the load_lora_adapter request needs lora_name, and lora_path or lora_files")
+    if ("lora_path" in request) == ("lora_files" in request):
+        raise AdapterRefused("the load_lora_adapter request needs exactly one of lora_path and lora_files")
+    if "lora_files" in request:
+        files = checked_inline_files(request, token)
+        request = {key: value for key, value in request.items() if key not in ("lora_files", "digest")}
+    else:
+        files = checked_adapter_files(request["lora_path"])
+    request["lora_path"] = adapters.load(request["lora_name"], files)
     return json.dumps(request).encode()
 
 

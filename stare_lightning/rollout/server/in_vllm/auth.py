@@ -7,8 +7,9 @@ carry ``Authorization: Bearer <token>``, the token being the server process's ``
 Without that variable, or with one shorter than ``MIN_TOKEN_CHARS``, the server does not start: a guard configured
 without its token is a mistake, not a choice.
 
-It also stands before vLLM's adapter routes: ``POST /v1/load_lora_adapter`` loads a copy of the adapter that the
-server checked and made itself (``adapter_check.py``), or is refused (400) with the reason; an unload drops that copy.
+It also stands before vLLM's adapter routes: ``POST /v1/load_lora_adapter`` loads a copy of the adapter (from a
+directory, or sent inside the request) that the server checked and made itself (``adapter_check.py``), or is refused
+(400) with the reason; an unload drops that copy.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class RequireToken:
             raise RuntimeError(str(err)) from None
         self.app = app
         self._expected = f"Bearer {token}".encode()
+        self._token = token  # also keys the digest of an adapter sent inside its load request
         self._adapters = None  # adapter_check.CheckedAdapters, made at the first adapter load
         self._adapter_routes = _runtime_lora()
 
@@ -76,7 +78,7 @@ class RequireToken:
             self._adapters = adapter_check.CheckedAdapters()
         if route == _LOAD:
             try:  # reading and checking a few MB: off the event loop, which serves every other request
-                body = await asyncio.to_thread(adapter_check.rewritten_load, body, self._adapters)
+                body = await asyncio.to_thread(adapter_check.rewritten_load, body, self._adapters, self._token)
             except (adapter_check.AdapterRefused, OSError) as err:
                 await _answer(send, 400, f"adapter refused: {err}")
                 return

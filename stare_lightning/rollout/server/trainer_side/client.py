@@ -152,6 +152,29 @@ class ServerClient:
                 ) from None
             raise
 
+    def load_adapter_files(self, name: str, files: dict[str, bytes]) -> None:
+        """Serve the adapter ``files`` (a peft directory's, by name) as model ``name``, sent inside the request signed
+        with the run's secret: for a server that cannot read the trainer's directories (``shared/adapter_wire.py``)."""
+        from stare_lightning.rollout.server.shared.adapter_wire import inline_load_request
+
+        if not self.token:
+            raise RolloutServerError(
+                f"rollout server {self.url}: an adapter sent to it is signed with the run's secret"
+            )
+        try:
+            self._request(
+                "POST", "/v1/load_lora_adapter", inline_load_request(name, files, self.token), answer_json=False
+            )
+        except RolloutServerError as error:
+            if error.status in (404, 405):
+                raise RolloutServerError(
+                    f"rollout server {self.url} did not load adapter {name} ({error}): it was started without runtime "
+                    "LoRA (start it with `python -m stare_lightning serve model.lora.rank=R`, or set "
+                    "rollout.lora_sync=merged)",
+                    status=error.status,
+                ) from None
+            raise
+
     def unload_adapter(self, name: str, timeout: float | None = None) -> None:
         self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=timeout, answer_json=False)
 

@@ -3,6 +3,7 @@ check each answers before the first step, and hand every rank the same URLs and 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tempfile
@@ -15,10 +16,13 @@ from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.server.shared.token import check_token
 from stare_lightning.rollout.server.trainer_side.client import RolloutServerError, ServerClient
 from stare_lightning.rollout.server.trainer_side.engine import ServerRolloutEngine
+from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
 from stare_lightning.rollout.server_config import UNIX_HOST, ServerConfig
 from stare_lightning.rollout.transfer_dir import check_transfer_base, default_base
 
 __all__ = ["answering_servers", "check_running_servers", "connect_servers", "launch_servers"]
+
+logger = logging.getLogger(__name__)
 
 
 def connect_servers(
@@ -27,7 +31,7 @@ def connect_servers(
     launched, urls, token, problem = None, list(server.urls), os.environ.get(server.token_env), None
     if server.transfer_dir is not None:
         check_transfer_base(server.transfer_dir)
-    over_network = _over_network(server, adapters)  # refused before any server starts
+    over_network = transfer_mode(server) == "network"  # placement.py; every rank decides the same
     if server.launch:
         if token is not None:
             check_token(token, f"${server.token_env}")
@@ -52,7 +56,12 @@ def connect_servers(
         raise
     # Rank 0's: every rank must name the adapters the same way.
     run_tag = distributed.all_gather_objects(f"run{secrets.token_hex(4)}")[0]
-    network = _network_push(server, clients, token) if over_network and distributed.rank() == 0 else None
+    # Adapters go inside their load requests (shared/adapter_wire.py); the gloo groups carry merged weights only.
+    network = None
+    if over_network and adapters is None and distributed.rank() == 0:
+        network = _network_push(server, clients, token)
+    elif over_network and distributed.rank() == 0:
+        logger.info("adapters go to %d rollout server(s) inside their load requests", len(clients))
     return ServerRolloutEngine(
         clients,
         chunk_bytes=server.chunk_mb << 20,
@@ -61,24 +70,8 @@ def connect_servers(
         adapters=adapters,
         run_tag=run_tag,
         network=network,
+        inline_adapters=over_network,
     )
-
-
-def _over_network(server: ServerConfig, adapters: AdapterSync | None) -> bool:
-    """Whether ``rollout.server.transfer`` resolves to the network (``placement.py``). Every rank decides, so a
-    refusal stops every rank, not rank 0 alone while the others wait for it."""
-    from stare_lightning.rollout.server.trainer_side.placement import transfer_mode
-
-    if transfer_mode(server) != "network":
-        return False
-    if adapters is not None:
-        raise RolloutServerError(
-            "rollout.lora_sync=adapter loads adapters from a directory the servers read, and "
-            "rollout.server.transfer resolved to network (a server on another host, or transfer=network): set "
-            "rollout.lora_sync=merged to push merged weights over the network, or rollout.server.transfer=files with "
-            "a rollout.server.transfer_dir every node mounts"
-        )
-    return True
 
 
 def _network_push(server: ServerConfig, clients: list[ServerClient], token: str | None):

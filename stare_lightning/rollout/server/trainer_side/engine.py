@@ -10,8 +10,10 @@ stops the run: no sample comes from weights the trainer no longer has, or from a
 
 With ``rollout.lora_sync=adapter`` a push sends a LoRA policy's adapters only: rank 0 writes them as a peft
 adapter directory (``rollout/adapters.py``) and every server loads it under the version's name through vLLM's own
-adapter routes; requests name the adapter to sample with, so a response comes from the version its request named.
-The servers keep ``max_staleness + 1`` versions loaded and never pause for a push.
+adapter routes, by path, or with the files inside the request when the weights go over the network (a server on
+another host sees none of the trainer's directories); requests name the adapter to sample with, so a response comes
+from the version its request named. The servers keep ``max_staleness + 1`` versions loaded and never pause for a
+push.
 
 The chunks travel as files in a directory the trainer and the servers both see: ``/dev/shm`` on one host, a shared
 file system across nodes (``rollout.server.transfer_dir``). The trainer holds that directory by descriptor and checks
@@ -82,6 +84,7 @@ class ServerRolloutEngine:
         adapters: AdapterSync | None = None,
         run_tag: str = "run",
         network=None,
+        inline_adapters: bool = False,
     ) -> None:
         if not clients:
             raise ValueError("ServerRolloutEngine needs at least one server")
@@ -89,8 +92,9 @@ class ServerRolloutEngine:
         # Adapters are named "<run_tag>-<version>": a server kept across runs may still hold an earlier run's "v3",
         # and reloading a name in place would let cached prefixes computed with its old weights be reused.
         self.adapters, self.run_tag = adapters, run_tag
+        self.inline_adapters = inline_adapters  # adapters inside their load requests, not by path
         self._adapters = None
-        if adapters is not None:  # vLLM's adapter routes take a path: adapters go as files, whatever the transfer
+        if adapters is not None:
             self._adapters = AdapterVersions(
                 adapters,
                 load=self._load_on_servers,
@@ -243,7 +247,10 @@ class ServerRolloutEngine:
         return version
 
     def _load_on_servers(self, version: AdapterVersion) -> None:
-        self._each(lambda c: c.load_adapter(version.name, str(version.path)))
+        if self.inline_adapters:
+            self._each(lambda c: c.load_adapter_files(version.name, version.contents))
+        else:
+            self._each(lambda c: c.load_adapter(version.name, str(version.path)))
 
     def _unload_from_servers(self, version: AdapterVersion) -> None:
         self._each(lambda c: c.unload_adapter(version.name))
