@@ -20,6 +20,7 @@ from stare_lightning.cli import compose, prepare_config
 from stare_lightning.metrics import QUADRANTS as QUADRANT_NAMES
 from stare_lightning.metrics.glossary import undocumented
 from stare_lightning.metrics.step_timer import PHASES
+from tests.forked_cli import ForkedCommand, forking
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +56,14 @@ def train_rows(rows):
     return {int(r["step"]): r for r in rows if "train/entropy" in r}
 
 
-def run_cli(args, env_cache, *, cwd, entry=("-m", "stare_lightning"), **kwargs):
+def run_cli(args, env_cache, *, cwd, entry=("-m", "stare_lightning"), fresh=False, **kwargs):
     """The command line in a process of its own, started in ``cwd`` (a test's tmp_path): what Hydra writes relative
-    to it (outputs/ of a run without hydra.run.dir, the DDP children's re-entries) stays out of the checkout."""
+    to it (outputs/ of a run without hydra.run.dir, the DDP children's re-entries) stays out of the checkout.
+    Forked from a process that has imported the stack (``tests/forked_cli.py``) unless ``fresh``, another ``entry``
+    or a Popen option other than ``start_new_session`` asks for a fresh interpreter."""
     env = {**os.environ, "STARE_LIGHTNING_CACHE": env_cache, "PYTHONUNBUFFERED": "1"}
+    if not fresh and entry == ("-m", "stare_lightning") and set(kwargs) <= {"start_new_session"} and forking():
+        return ForkedCommand(list(args), env=env, cwd=cwd, new_session=kwargs.get("start_new_session", False))
     return subprocess.Popen(
         [sys.executable, *entry, *args],
         cwd=cwd,
