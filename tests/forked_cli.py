@@ -8,9 +8,10 @@ interpreter would and exits with its status, atexit handlers and thread joins in
 again is the imports: a test of what a command imports, or of how a fresh interpreter starts, asks ``run_cli`` for
 ``fresh=True``. ``STARE_LIGHTNING_TEST_FORK=0`` runs every command fresh.
 
-``ForkedCommand`` answers as much of ``subprocess.Popen`` as the tests use: ``pid``, ``stdout`` (text, the
-command's stdout and stderr together), ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``,
-``kill`` and ``returncode`` (``-N`` for a command ended by signal ``N``).
+``ForkedCommand`` answers as much of ``subprocess.Popen`` as the tests use: ``pid``, ``stdout`` (text: the
+command's stdout, with its stderr unless ``separate_stderr``), ``stderr``, ``poll``, ``wait``, ``communicate``,
+``send_signal``, ``terminate``, ``kill`` and ``returncode`` (``-N`` for a command ended by signal ``N``); ``run``
+stands in for ``subprocess.run(..., capture_output=True, text=True)``.
 
 Run as a script (``python tests/forked_cli.py SOCKET``) this module is the server.
 """
@@ -40,22 +41,33 @@ def forking() -> bool:
 class ForkedCommand:
     """One command forked from this process's server: ``args`` after ``python -m stare_lightning``."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str], cwd: str | os.PathLike, new_session: bool) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | os.PathLike,
+        new_session: bool = False,
+        separate_stderr: bool = False,
+    ) -> None:
         self.args = [sys.executable, "-m", "stare_lightning", *args]
-        read_end, write_end = os.pipe()
+        pipes = [os.pipe() for _ in range(2 if separate_stderr else 1)]  # stdout's, then stderr's (else stdout's)
         request = json.dumps({"args": list(args), "env": env, "cwd": str(cwd), "new_session": new_session}).encode()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.connect(_server().path)
-            socket.send_fds(self._conn, [len(request).to_bytes(4, "little") + request], [write_end])
+            socket.send_fds(self._conn, [len(request).to_bytes(4, "little") + request], [w for _, w in pipes])
         finally:
-            os.close(write_end)
-        self.stdout = open(read_end, encoding="utf-8", errors="replace")  # noqa: SIM115 - the caller reads it
+            for _, write_end in pipes:
+                os.close(write_end)
+        # The caller reads them.
+        streams = [open(r, encoding="utf-8", errors="replace") for r, _ in pipes]  # noqa: SIM115
+        self.stdout, self.stderr = streams[0], streams[1] if separate_stderr else None
         self._answers = b""  # the server's lines: the command's pid, then its exit status
         self.pid = int(self._answer(timeout=None))
         self.returncode: int | None = None
-        self._reader: threading.Thread | None = None
-        self._output: list[str] = []
+        self._readers: list[threading.Thread] = []
+        self._output: dict[int, str] = {}
 
     def _answer(self, timeout: float | None) -> str | None:
         """The server's next line, or None if none came within ``timeout`` seconds."""
@@ -86,18 +98,25 @@ class ForkedCommand:
                 self._conn.close()
         return self.returncode
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
-        """The rest of the command's output once it closed it, then its status (``TimeoutExpired`` past
-        ``timeout``; calling again after a kill returns the output)."""
-        if self._reader is None:
-            self._reader = threading.Thread(target=lambda: self._output.append(self.stdout.read()), daemon=True)
-            self._reader.start()
-        self._reader.join(timeout)
-        if self._reader.is_alive():
-            raise subprocess.TimeoutExpired(self.args, timeout)
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """The rest of the command's output (and of its stderr, if separate) once it closed them, then its status
+        (``TimeoutExpired`` past ``timeout``; calling again after a kill returns the output)."""
+        streams = [self.stdout, self.stderr] if self.stderr is not None else [self.stdout]
+        if not self._readers:
+            for i, stream in enumerate(streams):
+                self._readers.append(threading.Thread(target=self._read_out, args=(i, stream), daemon=True))
+                self._readers[-1].start()
+        for reader in self._readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(timeout)
-        self.stdout.close()
-        return "".join(self._output), None
+        for stream in streams:
+            stream.close()
+        return self._output[0], self._output.get(1)
+
+    def _read_out(self, index: int, stream) -> None:
+        self._output[index] = stream.read()
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -108,6 +127,23 @@ class ForkedCommand:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def run(args: list[str], *, cwd: str | os.PathLike, env: dict[str, str] | None = None, timeout: float | None = None):
+    """``subprocess.run([python, "-m", "stare_lightning", *args], capture_output=True, text=True)``, forked (or
+    fresh with ``STARE_LIGHTNING_TEST_FORK=0``)."""
+    env = dict(os.environ if env is None else env)
+    if not forking():
+        command = [sys.executable, "-m", "stare_lightning", *args]
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    command = ForkedCommand(args, env=env, cwd=cwd, separate_stderr=True)
+    try:
+        out, err = command.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        command.communicate()
+        raise
+    return subprocess.CompletedProcess(command.args, command.returncode, out, err)
 
 
 class _Server:
@@ -144,8 +180,8 @@ def _server() -> _Server:
 
 
 # ------------------------------------------------------------------------------------------------ the server
-def _serve(path: str) -> tuple[dict, int]:
-    """Accept commands for ever; returns only in a forked child, with its request and output descriptor."""
+def _serve(path: str) -> tuple[dict, list[int]]:
+    """Accept commands for ever; returns only in a forked child, with its request and output descriptors."""
     import stare_lightning.cli  # noqa: F401 - what every command imports, once
     import stare_lightning.run_config  # noqa: F401
     import stare_lightning.train  # noqa: F401
@@ -156,24 +192,25 @@ def _serve(path: str) -> tuple[dict, int]:
     print("ready", flush=True)
     while True:
         conn, _ = listener.accept()
-        request, out = _receive(conn)
+        request, outputs = _receive(conn)
         pid = os.fork()
         if pid == 0:
             listener.close()
             conn.close()
-            return request, out
-        os.close(out)
+            return request, outputs
+        for fd in outputs:
+            os.close(fd)
         conn.sendall(f"{pid}\n".encode())
         threading.Thread(target=_report_exit, args=(conn, pid), daemon=True).start()
 
 
-def _receive(conn: socket.socket) -> tuple[dict, int]:
-    data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 1)
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 2)
     size = int.from_bytes(data[:4], "little")
     data = data[4:]
     while len(data) < size:
         data += conn.recv(size - len(data))
-    return json.loads(data), fds[0]
+    return json.loads(data), fds
 
 
 def _report_exit(conn: socket.socket, pid: int) -> None:
@@ -185,7 +222,7 @@ def _report_exit(conn: socket.socket, pid: int) -> None:
     conn.close()
 
 
-def _run_command(request: dict, out: int) -> None:
+def _run_command(request: dict, outputs: list[int]) -> None:
     """In the forked child: become the command, then exit through the interpreter as a fresh one would."""
     import runpy
 
@@ -193,9 +230,10 @@ def _run_command(request: dict, out: int) -> None:
 
     if request["new_session"]:
         os.setsid()
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
+    os.dup2(outputs[0], 1)
+    os.dup2(outputs[-1], 2)
+    for fd in outputs:
+        os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

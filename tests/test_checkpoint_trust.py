@@ -11,8 +11,6 @@ import contextlib
 import os
 import pathlib
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ from stare_lightning.trainer.checkpoint_trust import (
     load_distributed_tensors,
     vet_checkpoint,
 )
+from tests import forked_cli
 
 # One process, no process group: torch.distributed.checkpoint says so once per call.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -152,14 +151,7 @@ def test_every_subcommand_refuses_a_crafted_checkpoint_before_it_starts(tmp_path
         f"model.cache_dir={tmp_path / 'cache'}",
     ]
     env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "stare_lightning", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = forked_cli.run(args, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode != 0
     assert ".metadata is not a distributed-checkpoint index" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -7,18 +7,18 @@ before Hydra or the project constructs anything.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import forked_cli
 
 
 def _run(tmp_path, *args):
     env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "stare_lightning", *args, f"hydra.run.dir={tmp_path / 'run'}"]
+    command = [*args, f"hydra.run.dir={tmp_path / 'run'}"]
     if "-m" in args:
         command.append(f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return forked_cli.run(command, cwd=tmp_path, env=env, timeout=300)
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,6 @@ config file that still uses one is refused with one line naming it, before anyth
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -13,6 +11,7 @@ from omegaconf import OmegaConf
 from stare_lightning.algorithms.config import AlgorithmConfig
 from stare_lightning.config.moved_keys import MOVED_KEYS, REGROUPED_KEYS, check_override_keys, moved_key_error
 from stare_lightning.run_config import RunConfig
+from tests import forked_cli
 
 
 @pytest.mark.parametrize("old, new", sorted(MOVED_KEYS.items()))
@@ -65,8 +64,7 @@ def test_a_config_file_with_a_moved_key_gets_the_same_line():
 
 def test_the_cli_refuses_a_moved_key_in_one_line_before_anything_runs(tmp_path):
     env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "stare_lightning", "fit", "algorithm.dynamic_sampling=true"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = forked_cli.run(["fit", "algorithm.dynamic_sampling=true"], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode != 0
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert lines == [

@@ -7,13 +7,12 @@ parallel); the other wordings are checked on the function the command line calls
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from stare_lightning import cli
 from stare_lightning.config.override_errors import config_groups
+from tests import forked_cli
 
 COMMAND_LINE_CASES = {
     "algorithm.stare.ww=2": "algorithm.stare.ww is not a key of algorithm.stare (override 'algorithm.stare.ww=2'): "
@@ -30,11 +29,8 @@ COMMAND_LINE_CASES = {
 def test_the_first_mistakes_get_one_line_naming_what_was_meant(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
     env.pop("HYDRA_FULL_ERROR", None)
-    fit = [sys.executable, "-m", "stare_lightning", "fit"]
     runs = {
-        override: subprocess.Popen(
-            [*fit, override, *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        override: forked_cli.ForkedCommand(["fit", override, *extra], cwd=tmp_path, env=env, separate_stderr=True)
         for override, extra in [
             *((case, []) for case in COMMAND_LINE_CASES),
             ("algorithm.stare.w=2.5", ["--cfg", "job"]),

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from stare_lightning.rollout.config import RolloutConfig
 from stare_lightning.rollout.server.trainer_side.client import RolloutServerError
 from stare_lightning.rollout.server.trainer_side.connect import connect_servers
 from stare_lightning.rollout.server_config import ServerConfig
+from tests import forked_cli
 
 
 def _closed_port() -> int:
@@ -87,9 +86,8 @@ def test_max_staleness_on_the_command_line_is_named_before_hydra_merges_it(tmp_p
 
     from stare_lightning.cli import compose
 
-    command = [sys.executable, "-m", "stare_lightning", "fit", "rollout=server", f"rollout.max_staleness={value}",
-               f"output_dir={tmp_path / 'run'}"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    command = ["fit", "rollout=server", f"rollout.max_staleness={value}", f"output_dir={tmp_path / 'run'}"]
+    done = forked_cli.run(command, cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.search(refusal, errors[0]), done.stderr[-2000:]
@@ -115,9 +113,8 @@ def test_a_launched_run_refuses_a_weak_credential_before_starting_a_server(tmp_p
 @pytest.mark.parametrize(("token", "refusal"), [("   ", "is blank"), ("short-secret", "has 12 characters")])
 def test_serve_refuses_a_weak_credential_in_one_line_before_anything_starts(tmp_path, token, refusal):
     env = {**os.environ, "STARE_LIGHTNING_SERVER_TOKEN": token, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", "rollout.server.host=0.0.0.0",
-               f"output_dir={tmp_path / 'run'}"]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    command = ["serve", "rollout=server", "rollout.server.host=0.0.0.0", f"output_dir={tmp_path / 'run'}"]
+    done = forked_cli.run(command, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"$STARE_LIGHTNING_SERVER_TOKEN {refusal}" in errors[0], done.stderr[-2000:]
@@ -171,11 +168,9 @@ def test_a_server_that_does_not_answer_is_named_before_anything_runs(tmp_path):
 def test_the_cli_stops_before_the_model_is_prepared_naming_the_server(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}"
     env = {**os.environ, "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
-    command = [
-        sys.executable, "-m", "stare_lightning", "fit", "rollout=server", "rollout.server.launch=false",
-        f"rollout.server.urls=[{url}]", f"output_dir={tmp_path / 'run'}", "trainer.max_steps=2",
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    command = ["fit", "rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{url}]",
+               f"output_dir={tmp_path / 'run'}", "trainer.max_steps=2"]  # fmt: skip
+    done = forked_cli.run(command, cwd=tmp_path, env=env, timeout=600)
     assert done.returncode != 0
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"rollout server {url} does not answer its health check" in errors[0], errors
@@ -186,10 +181,7 @@ def test_the_cli_stops_before_the_model_is_prepared_naming_the_server(tmp_path):
 def test_serve_refuses_a_network_address_without_a_credential(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "STARE_LIGHTNING_SERVER_TOKEN"}
     env["STARE_LIGHTNING_CACHE"] = str(tmp_path / "cache")
-    command = [
-        sys.executable, "-m", "stare_lightning", "serve", "rollout=server", "rollout.server.host=0.0.0.0",
-        f"output_dir={tmp_path / 'run'}",
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    command = ["serve", "rollout=server", "rollout.server.host=0.0.0.0", f"output_dir={tmp_path / 'run'}"]
+    done = forked_cli.run(command, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode != 0
     assert "rollout.server.host=0.0.0.0 listens on a network: set STARE_LIGHTNING_SERVER_TOKEN" in done.stderr

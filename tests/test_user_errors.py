@@ -4,13 +4,12 @@ traceback. The command line is what is tested, so each case runs ``python -m sta
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stare_lightning.user_errors import one_line, reported
+from tests import forked_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,11 +53,8 @@ def test_each_kind_of_user_error_is_one_line_with_exit_status_2(tmp_path):
     }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "STARE_LIGHTNING_CACHE": str(tmp_path / "cache")}
     env.pop("HYDRA_FULL_ERROR", None)
-    command = [sys.executable, "-m", "stare_lightning"]
     procs = {
-        name: subprocess.Popen(
-            [*command, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        name: forked_cli.ForkedCommand(args, cwd=tmp_path, env=env, separate_stderr=True)
         for name, (args, _) in cases.items()
     }
     for name, proc in procs.items():
