@@ -137,20 +137,12 @@ class ServerClient:
     # ---------------------------------------------------------------------------------------- LoRA adapters
     def load_adapter(self, name: str, path: str) -> None:
         """Serve the adapter in directory ``path`` as model ``name`` (vLLM's runtime LoRA loading)."""
-        try:
-            self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, answer_json=False)
-        except RolloutServerError as error:
-            if error.status in (404, 405):
-                # vLLM answers 404 both without the route (no runtime LoRA) and when it cannot read the adapter.
-                raise RolloutServerError(
-                    f"rollout server {self.url} did not load the adapter in {path} ({error}). Either it was started "
-                    "without runtime LoRA (start it with --enable-lora --max-lora-rank R --max-loras K+1 and "
-                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment, as `python -m stare_lightning serve "
-                    "model.lora.rank=R` does, or set rollout.lora_sync=merged), or it cannot read that directory "
-                    "(rollout.server.transfer_dir must be a directory the servers' user can read, on their host)",
-                    status=error.status,
-                ) from None
-            raise
+        # vLLM answers 404 both without the route (no runtime LoRA) and when it cannot read the adapter.
+        unreadable = (
+            ", or it cannot read that directory (rollout.server.transfer_dir must be a directory the servers' user "
+            "can read, on their host)"
+        )
+        self._load_lora({"lora_name": name, "lora_path": path}, f"the adapter in {path}", unreadable)
 
     def load_adapter_files(self, name: str, files: dict[str, bytes]) -> None:
         """Serve the adapter ``files`` (a peft directory's, by name) as model ``name``, sent inside the request signed
@@ -161,16 +153,18 @@ class ServerClient:
             raise RolloutServerError(
                 f"rollout server {self.url}: an adapter sent to it is signed with the run's secret"
             )
+        self._load_lora(inline_load_request(name, files, self.token), f"adapter {name}")
+
+    def _load_lora(self, body: dict, what: str, other_cause: str = "") -> None:
         try:
-            self._request(
-                "POST", "/v1/load_lora_adapter", inline_load_request(name, files, self.token), answer_json=False
-            )
+            self._request("POST", "/v1/load_lora_adapter", body, answer_json=False)
         except RolloutServerError as error:
             if error.status in (404, 405):
                 raise RolloutServerError(
-                    f"rollout server {self.url} did not load adapter {name} ({error}): it was started without runtime "
-                    "LoRA (start it with `python -m stare_lightning serve model.lora.rank=R`, or set "
-                    "rollout.lora_sync=merged)",
+                    f"rollout server {self.url} did not load {what} ({error}). Either it was started without runtime "
+                    "LoRA (start it with --enable-lora --max-lora-rank R --max-loras K+1 and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment, as `python -m stare_lightning serve "
+                    f"model.lora.rank=R` does, or set rollout.lora_sync=merged){other_cause}",
                     status=error.status,
                 ) from None
             raise

@@ -58,10 +58,11 @@ def connect_servers(
     run_tag = distributed.all_gather_objects(f"run{secrets.token_hex(4)}")[0]
     # Adapters go inside their load requests (shared/adapter_wire.py); the gloo groups carry merged weights only.
     network = None
-    if over_network and adapters is None and distributed.rank() == 0:
-        network = _network_push(server, clients, token)
-    elif over_network and distributed.rank() == 0:
-        logger.info("adapters go to %d rollout server(s) inside their load requests", len(clients))
+    if over_network and distributed.rank() == 0:
+        if adapters is None:
+            network = _network_push(server, clients, token)
+        else:
+            logger.info("adapters go to %d rollout server(s) inside their load requests", len(clients))
     return ServerRolloutEngine(
         clients,
         chunk_bytes=server.chunk_mb << 20,
