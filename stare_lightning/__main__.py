@@ -8,11 +8,10 @@ argument: the entry restores it (with this job's overrides and output directory)
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
-from stare_lightning import cli  # light: the schema, Hydra and training code load when a subcommand runs
+from stare_lightning import cli, collector  # light: the schema, Hydra and training code load when a subcommand runs
 from stare_lightning.cli import config_dir
 
 __all__ = ["config_dir", "main"]
@@ -48,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     def job(cfg) -> None:
         user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
         # Nothing is returned: Hydra keeps each job's return value until the sweep ends, and a trainer holds the
-        # models, optimizer state and engine of its run (gigabytes per job in a sweep).
-        gc.collect()
+        # models, optimizer state and engine of its run (gigabytes per job in a sweep); thawed, they go now.
+        collector.thaw()
 
     entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(job)
     sys.argv = [sys.argv[0], *argv[1:]]

@@ -16,6 +16,7 @@ import lightning
 from lightning.pytorch.accelerators import CPUAccelerator
 from transformers import AutoTokenizer
 
+from stare_lightning import collector
 from stare_lightning.allocator import hint_if_page_faulting
 from stare_lightning.config.instantiate import instantiate_collection, safe_instantiate
 from stare_lightning.console import minutes
@@ -172,6 +173,7 @@ def fit(cfg: RunConfig):
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
     hint_if_page_faulting(isinstance(trainer.accelerator, CPUAccelerator))
+    collector.freeze_setup()
     if cfg.validation.before_fit and ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
@@ -183,6 +185,7 @@ def validate(cfg: RunConfig):
     ckpt_path = _checkpoint_path(cfg)
     module, datamodule = _setup(cfg)
     trainer = build_trainer(cfg)
+    collector.freeze_setup()
     return trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
 

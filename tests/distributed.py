@@ -1,11 +1,14 @@
 """Run a function on several gloo ranks (one process each) and collect what every rank returns.
 
-``fn(rank, world, *args)`` must be a module-level function (spawned children import it by name) and
-return something picklable. Each rank runs on one thread: several ranks share this machine's few cores.
+``fn(rank, world, *args)`` must be a module-level function (a spawned child imports it by name) and return
+something picklable. Each rank runs on one thread: several ranks share this machine's few cores. On Linux the ranks
+are forked from the test's process: a spawned rank would import torch and the test's module again, a second or more
+each, and the test processes compute on one thread, so no OpenMP pool is there to break in a fork.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -15,9 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+DEFAULT_START = "fork" if sys.platform.startswith("linux") else "spawn"
+
 
 def run_on_ranks(
-    fn: Callable[..., Any], tmp_path: Path, *args: Any, world: int = 2, start_method: str = "spawn"
+    fn: Callable[..., Any], tmp_path: Path, *args: Any, world: int = 2, start_method: str = DEFAULT_START
 ) -> dict[int, Any]:
     """``{rank: fn(rank, world, *args)}``; a failure on any rank fails the call with that rank's traceback."""
     results = mp.Manager().dict()

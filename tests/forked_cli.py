@@ -19,6 +19,7 @@ Run as a script (``python tests/forked_cli.py SOCKET``) this module is the serve
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import select
@@ -186,6 +187,10 @@ def _serve(path: str) -> tuple[dict, list[int]]:
     import stare_lightning.run_config  # noqa: F401
     import stare_lightning.train  # noqa: F401
 
+    # Frozen before any fork, as Python's gc.freeze documents: a fork's full collections then neither scan the
+    # imports' objects again nor copy the pages holding them (a run freezes its setup: stare_lightning/collector.py).
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)

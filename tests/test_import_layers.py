@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "console",
             "distributed",
             "allocator",
+            "collector",
             "lazy_exports",
             "seeds",
             "config",

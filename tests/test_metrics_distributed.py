@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import warnings
 
 import pytest
@@ -194,6 +193,4 @@ def _worker(rank: int, world: int) -> None:
 
 @pytest.mark.slow
 def test_metrics_on_two_gloo_ranks_equal_single_process_on_the_union(tmp_path):
-    # fork on Linux: the children then skip re-importing torch and torchmetrics (seconds each).
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    run_on_ranks(_worker, tmp_path, world=WORLD, start_method=method)
+    run_on_ranks(_worker, tmp_path, world=WORLD)

@@ -380,7 +380,8 @@ def test_fsdp2_sync_on_two_ranks(tiny_dir, tmp_path):
     """Each rank of a 2-process FSDP2 trainer owns an engine; sync gathers DTensors and leaves the group intact."""
     from transformers import AutoModelForCausalLM
 
-    results = run_on_ranks(_sharded_worker, tmp_path, str(tiny_dir))
+    # Spawned: this process may hold the module's engine, and a fork would copy it, its threads' locks included.
+    results = run_on_ranks(_sharded_worker, tmp_path, str(tiny_dir), start_method="spawn")
     trained = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     trained.load_state_dict(results[0]["state"])
     for rank in (0, 1):

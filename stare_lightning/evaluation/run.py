@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from stare_lightning import collector
 from stare_lightning.evaluation.report import all_results, markdown_table
 from stare_lightning.evaluation.samples import SampleRecorder
 from stare_lightning.run_config import RunConfig
@@ -72,6 +73,7 @@ def _run(cfg: RunConfig, datamodule, todo: list[str]) -> list[dict]:
     module = build_module(cfg, model_dir, datamodule, tool)
     recorder = SampleRecorder(todo)
     trainer = _validation_trainer(cfg, recorder)
+    collector.freeze_setup()
     try:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     finally:
