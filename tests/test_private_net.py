@@ -63,7 +63,9 @@ def test_a_connect_flood_by_another_user_kills_gloo_on_the_host_network_and_reac
     # The control: on the host's network every connection lands, and the leaked descriptors end the process.
     flood, code, output = _flood_then_finish(_gloo(private=False), other_user)
     assert flood["connected"] > 200
-    assert code != 0 and "Too many open files" in output, output[-2000:]
+    # gloo's accept thread throws; when two of its threads throw at once the runtime aborts before printing why.
+    died = "Too many open files" in output or "terminate called after throwing an instance of 'gloo::" in output
+    assert code != 0 and died, output[-2000:]
     # In a private namespace the same ports on the host's loopback are someone else's or no one's: nothing lands.
     process = _gloo(private=True)
     assert network_namespace(process.pid) != network_namespace("self")

@@ -152,8 +152,11 @@ class LaunchedServers:
     def environment(self, spec: ServerSpec) -> dict[str, str]:
         env = dict(os.environ)
         env.update({"VLLM_SERVER_DEV_MODE": "1", TOKEN_ENV: self.token})
-        # The server runs its engine in a process of its own (a parent that runs vLLM in-process may say otherwise).
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        # The API server runs its engine in a process of its own whatever this says. On a GPU that process holds the
+        # one worker too; on a CPU vLLM starts a third process for it unless this is 0: one more interpreter to
+        # import vLLM into (about 7 s of CPU) for nothing a single worker needs (a parent that runs vLLM in-process
+        # may have set it either way).
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if _on_cpu(spec) else "1"
         if self.adapters is not None:  # the load and unload routes exist only with this set
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if spec.gpus is not None:
