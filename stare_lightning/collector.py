@@ -6,11 +6,14 @@ collection during the steps walked them all again, about 0.5 s each on the 2-cor
 tiny-model fit's time (vLLM freezes its server's heap after start-up for the same reason). ``freeze_setup`` moves
 everything alive into the collector's permanent generation; reference counting still frees those objects, only a
 cycle among them waits for ``thaw``, which the entry calls when the job ends (a sweep's next job then starts from
-a clean heap).
+a clean heap). Whatever else ends the process (an error, an exit from inside the run), the objects are thawed at exit,
+before the interpreter's last collection: extension types that count their live objects then (triton's nanobind
+bindings) would otherwise report the frozen ones as leaked.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 __all__ = ["freeze_setup", "thaw"]
@@ -20,6 +23,8 @@ def freeze_setup() -> None:
     """Collect what setting up left behind, then exempt everything alive now from later collections."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however many runs froze
+    atexit.register(gc.unfreeze)
 
 
 def thaw() -> None:

@@ -248,6 +248,7 @@ def _run_command(request: dict, outputs: list[int]) -> None:
     for sig in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit.register(gc.unfreeze)  # the server's freeze: thawed before the last collection, as a run's is (collector.py)
     if os.environ.get("OMP_NUM_THREADS"):  # read when torch was imported in the server: set again
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     main = Path(sys.modules["stare_lightning"].__file__).with_name("__main__.py")
