@@ -354,6 +354,7 @@ SMOLLM2 = [
     "data.prompts_per_step=2",
     "rollout.n=2",
     "rollout.max_new_tokens=8",
+    "callbacks.model_checkpoint.save_last=false",  # no checkpoint of SmolLM2 and its optimizer (1.6 GB) to write
     "rollout.val_n=2",
     "validation.pass_k=[1,2]",
     "trainer.val_check_interval=100",

@@ -20,16 +20,21 @@ from tests.trl_harness import SETTINGS, replay
 from tests.trl_two_processes import STEPS
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # two processes of TRL's loop: about a minute each
+# One pair of processes runs both scopes (a fresh trainer each), so one xdist worker runs both tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trl_two_processes")]
+SCOPES = ["step", "group"]
 
 
-def _run_two_processes(tiny_dir, out_dir: Path, scope: str) -> list[dict]:
+@pytest.fixture(scope="module")
+def two_process_runs(tiny_dir, tmp_path_factory) -> Path:
+    """TRL's loop on two processes, once per scope: ``<dir>/<scope>/rank<r>.pt``."""
+    out_dir = tmp_path_factory.mktemp("trl_two_processes")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command = [*launcher, str(REPO / "tests" / "trl_two_processes.py"), str(tiny_dir), str(out_dir), scope]
+    command = [*launcher, str(REPO / "tests" / "trl_two_processes.py"), str(tiny_dir), str(out_dir), ",".join(SCOPES)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(out_dir / f"rank{rank}.pt") for rank in (0, 1)]
+    return out_dir
 
 
 def _joined(parts: list[dict]) -> dict:
@@ -43,9 +48,9 @@ def _joined(parts: list[dict]) -> dict:
     return out
 
 
-@pytest.mark.parametrize("scope", ["step", "group"])
-def test_two_processes_equal_the_projects_step_on_their_rows(tiny_dir, tmp_path, scope):
-    ranks = _run_two_processes(tiny_dir, tmp_path, scope)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_two_processes_equal_the_projects_step_on_their_rows(tiny_dir, two_process_runs, scope):
+    ranks = [torch.load(two_process_runs / scope / f"rank{rank}.pt") for rank in (0, 1)]
     batches = [_joined([r["batches"][step] for r in ranks]) for step in range(STEPS)]
     settings = {**SETTINGS, "scope": scope, "target_entropy": 100.0}
     theirs = replay(tiny_dir, batches, ranks[0]["params"], [None] * STEPS, settings)

@@ -1,9 +1,10 @@
 """One process of a two-process TRL run with STARE (started by tests/test_integrations_trl_distributed.py under
-``torch.distributed.run``, gloo on the CPU): each process trains on its own fixed rollouts, and saves its batches,
-the parameters they were scored with, its weights and the optimizer steps' gradients (averaged over the processes)
-to ``OUT/rank<r>.pt``.
+``torch.distributed.run``, gloo on the CPU): for each scope in turn (a comma-separated list, one fresh trainer each,
+the processes' group shared), each process trains on its own fixed rollouts, and saves its batches, the parameters
+they were scored with, its weights and the optimizer steps' gradients (averaged over the processes) to
+``OUT/<scope>/rank<r>.pt``.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/trl_two_processes.py TINY OUT SCOPE
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/trl_two_processes.py TINY OUT SCOPES
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ STEPS = 2
 KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
 
 
-def main(tiny_dir: str, out_dir: str, scope: str) -> None:
+def main(tiny_dir: str, out_dir: str, scopes: str) -> None:
+    for scope in scopes.split(","):
+        train(tiny_dir, f"{out_dir}/{scope}", scope)
+
+
+def train(tiny_dir: str, out_dir: str, scope: str) -> None:
     settings = {**SETTINGS, "scope": scope, "target_entropy": 100.0}  # the gate open at every step
     rank = int(__import__("os").environ["RANK"])
     trainer, gradients = trainer_for(
