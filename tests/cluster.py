@@ -70,17 +70,20 @@ class Cluster:
         full_env = {**self._script_env(), **(env or {})}
         return subprocess.Popen(["bash", str(SCRIPT), "run", host, *command], env=full_env, text=True, **pipes)
 
-    def kill(self, host: str, command_part: str, sig: int = signal.SIGKILL) -> int:
-        """Signal (``sig``) the processes on ``host`` whose command line holds ``command_part``; how many there were."""
-        killed = 0
+    def pids(self, host: str, command_part: str) -> list[int]:
+        """The processes on ``host`` whose command line holds ``command_part``."""
+        found = []
         for pid in map(int, self.script("pids", host).stdout.split()):
             try:
                 if command_part in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
-                    os.kill(pid, sig)
-                    killed += 1
-            except (FileNotFoundError, ProcessLookupError):
+                    found.append(pid)
+            except FileNotFoundError:
                 pass  # ended meanwhile
-        return killed
+        return found
+
+    def kill(self, host: str, command_part: str, sig: int = signal.SIGKILL) -> int:
+        """Signal (``sig``) the processes on ``host`` whose command line holds ``command_part``; how many there were."""
+        return signal_each(self.pids(host, command_part), sig)
 
     def copy_models(self, model_cache: str) -> None:
         """The built tiny models (and their cold starts) of the session's cache, where the nodes can read them."""
@@ -142,3 +145,15 @@ def slurm_cluster(role: str, index: int, nodes: int) -> Iterator[Cluster]:
     finally:
         cluster.script("down", check=False)
         shutil.rmtree(cluster.directory, ignore_errors=True)
+
+
+def signal_each(pids: list[int], sig: int) -> int:
+    """Signal each process still there; how many were."""
+    signalled = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            signalled += 1
+        except ProcessLookupError:
+            pass  # ended meanwhile
+    return signalled

@@ -13,15 +13,17 @@ reference fit of tests/test_fit_server.py, which shares it.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.cluster import slurm_cluster
+from tests.cluster import signal_each, slurm_cluster
 from tests.test_fit import FAST, REPO, read_metrics, run_cli, train_rows
 
 # One xdist worker runs this module: its tests share the one-process reference fit (a module fixture).
@@ -211,10 +213,16 @@ def test_slurm_fit_on_two_real_nodes_survives_a_lost_rank_and_matches_one_proces
     # Complete once Lightning's own state (meta.pt, rank 0) follows the shards' index (.metadata, all ranks).
     checkpoint = [run / "checkpoints" / "last.ckpt" / name for name in (".metadata", "meta.pt")]
     deadline = time.time() + 900
-    while not all(p.exists() for p in checkpoint) and cluster.active(first, cluster.shared):
-        assert time.time() < deadline, "no step-2 checkpoint after 900 s"
+    rank = []  # node2's rank, found while the job starts, so that the kill follows the checkpoint within milliseconds
+    while not rank and cluster.active(first, cluster.shared):
+        assert time.time() < deadline, "node2's rank did not start within 900 s"
+        rank = cluster.pids("node2", "-m stare_lightning fit")
         time.sleep(0.2)
-    assert cluster.kill("node2", "-m stare_lightning fit") == 1
+    assert len(rank) == 1, rank
+    while not all(p.exists() for p in checkpoint) and Path(f"/proc/{rank[0]}").exists():
+        assert time.time() < deadline, "no step-2 checkpoint after 900 s"
+        time.sleep(0.01)
+    assert signal_each(rank, signal.SIGKILL) == 1
     lost = cluster.wait(first, cluster.shared)
     assert lost.state == "FAILED" and lost.nodes == "node[1-2]", lost.output[-4000:]
     # Killed before the run's end: no checkpoint of its final state (step 3); rank 0 may have logged step 2's metrics.
