@@ -47,12 +47,20 @@ def main(argv: list[str] | None = None) -> None:
     def job(cfg) -> None:
         user_errors.reported(lambda: cli.run(subcommand, cfg), verbose=user_errors.is_verbose(cfg))
         # Nothing is returned: Hydra keeps each job's return value until the sweep ends, and a trainer holds the
-        # models, optimizer state and engine of its run (gigabytes per job in a sweep); thawed, they go now.
-        collector.thaw()
+        # models, optimizer state and engine of its run (gigabytes per job in a sweep); thawed, they go now, before
+        # a sweep's next job (a single run's go at the exit's collection).
+        collector.thaw(collect=_in_a_sweep())
 
     entry = hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")(job)
     sys.argv = [sys.argv[0], *argv[1:]]
     entry()
+
+
+def _in_a_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _check_before_hydra(argv: list[str]) -> None:

@@ -355,6 +355,9 @@ SMOLLM2 = [
     "rollout.n=2",
     "rollout.max_new_tokens=8",
     "callbacks.model_checkpoint.save_last=false",  # no checkpoint of SmolLM2 and its optimizer (1.6 GB) to write
+    # Eight tokens never finish an answer: every group's rewards are 0, and dynamic sampling would sample each step
+    # ten times over (max_generation_batches) for nothing this wiring test compares.
+    "algorithm.collection.dynamic_sampling=false",
     "rollout.val_n=2",
     "validation.pass_k=[1,2]",
     "trainer.val_check_interval=100",

@@ -226,6 +226,18 @@ def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
     assert not (tmp_path / f"server-{port}.log").exists()
 
 
+def test_a_cpu_server_runs_eagerly_with_nothing_to_compile_and_a_gpu_server_as_vllm_chooses(tmp_path, monkeypatch):
+    """On a CPU the engine is eager, and vLLM's sampler helper, which it would still compile, runs eagerly too
+    (rollout/vllm_process.py says why); a server given GPUs compiles as vLLM decides."""
+    from stare_lightning.rollout.server.trainer_side.launch import LaunchedServers, ServerSpec
+
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    cpu, gpu = ServerSpec(8000), ServerSpec(8001, gpus="0")
+    servers = LaunchedServers("unused", [cpu, gpu], log_dir=tmp_path, token=TOKEN)
+    assert "--enforce-eager" in servers.command(cpu) and servers.environment(cpu)["TORCH_COMPILE_DISABLE"] == "1"
+    assert "--enforce-eager" not in servers.command(gpu) and "TORCH_COMPILE_DISABLE" not in servers.environment(gpu)
+
+
 # ---- one real server ----
 
 

@@ -115,6 +115,26 @@ def test_generate_grouping_and_logprobs_match_trainer(engine, tokenizer, policy,
     assert _max_abs_diff(policy, out, temperature) < 1e-4
 
 
+@pytest.mark.vllm
+def test_an_eager_cpu_engine_samples_without_compiling_and_leaves_torch_compile_on(engine, tokenizer):
+    """vLLM's one torch.compile'd sampler helper (the sampled token's rank) runs eagerly under the eager CPU engine:
+    dynamo never traced it in this process, however many requests the engines here have served with log-probs.
+    Outside the engine's calls the process compiles as before."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+
+    out = engine.generate([tokenizer.encode("1+1=")], SamplingParams(n=2, max_new_tokens=4, seed=0))
+    assert all(out.response_logprobs)  # log-probs were asked for: the helper ran
+    assert _debug_get_cache_entry_list(batched_count_greater_than._torchdynamo_orig_callable.__code__) == []
+
+    def doubled(x):
+        return 2 * x
+
+    compiled = torch.compile(doubled, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0))
+    assert len(_debug_get_cache_entry_list(doubled.__code__)) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_eos_is_kept_and_ends_the_response(engine, tokenizer):

@@ -77,6 +77,7 @@ from stare_lightning.rollout.vllm_process import (
     forked_rng,
     keep_trainer_process_group_on_shutdown,
     quiet_rotary_reload_warning,
+    sampler_helpers_eager,
 )
 from stare_lightning.rollout.vllm_settings import explain_generator_rewind, platform_kwargs, rank_kwargs, request_params
 from stare_lightning.rollout.weights import CountedBytes, finite_weights, iter_full_weights
@@ -173,11 +174,12 @@ class VLLMRolloutEngine:
             seed=seed,
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
+            enforce_eager=self.on_cpu if enforce_eager is None else bool(enforce_eager),
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode=logprobs_mode,
             max_model_len=max_model_len,
         )
+        self._eager_on_cpu = self.on_cpu and kwargs["enforce_eager"]
         kwargs.update(self._adapter_state(adapters))
         self._owns_process_group = not process_group_exists()
         kwargs.update(rank_kwargs(seed, tensor_parallel_size))
@@ -223,7 +225,7 @@ class VLLMRolloutEngine:
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         start = time.perf_counter()
-        with forked_rng(self.on_cpu), explain_generator_rewind():
+        with forked_rng(self.on_cpu), explain_generator_rewind(), sampler_helpers_eager(self._eager_on_cpu):
             outputs = self.llm.generate(prompts, requests, use_tqdm=False, lora_request=self._current_adapter())
         seconds = time.perf_counter() - start
 
@@ -297,8 +299,9 @@ class VLLMRolloutEngine:
         finalizer = getattr(client, "_finalizer", None)
         del llm, client
         if finalizer is not None:
-            finalizer()
-        gc.collect()
+            finalizer()  # collects once the engine is down (vLLM's shutdown, or vllm_process's narrowed one)
+        else:
+            gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

@@ -4,7 +4,8 @@ Building the engine seeds Python/NumPy/torch RNGs, replaces ``torch.set_num_thre
 drops torch to one thread: ``contain_engine_side_effects`` restores all three. Sampling draws from torch's global
 generator for its per-request seeds: ``forked_rng`` keeps the trainer's stream from being consumed. Shutting the
 engine down destroys every process group, the trainer's included: ``keep_trainer_process_group_on_shutdown``
-narrows that to the engine's own workers. Every in-place weight reload logs a warning about rotary embeddings,
+narrows that to the engine's own workers. An eager CPU engine still compiles one sampler helper at its first request:
+``sampler_helpers_eager`` runs it eagerly. Every in-place weight reload logs a warning about rotary embeddings,
 which have no weights to load: ``quiet_rotary_reload_warning`` drops that line.
 """
 
@@ -44,6 +45,23 @@ def contain_engine_side_effects(on_cpu: bool) -> Iterator[None]:
         np.random.set_state(np_state)
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def sampler_helpers_eager(eager_on_cpu: bool) -> Iterator[None]:
+    """Run vLLM's ``torch.compile``-decorated sampler helpers eagerly while an eager CPU engine samples.
+
+    ``enforce_eager`` leaves the model uncompiled, but vLLM still compiles the helper that ranks each sampled token
+    among the vocabulary (``batched_count_greater_than``) at the first request: dynamo's trace, inductor's ISA probes
+    (six child interpreters) and a C++ build, about 2.5 s of CPU in every process that builds an engine, for a kernel
+    that saves a (tokens x vocabulary) boolean copy. That copy is small next to a CPU batch; on a GPU it is not, so
+    a GPU engine keeps the compiled helper. The helper's result is an integer count, the same either way.
+    """
+    if not eager_on_cpu:
+        yield
+        return
+    with torch.compiler.set_stance("force_eager"):
+        yield
 
 
 def keep_trainer_process_group_on_shutdown(llm) -> None:

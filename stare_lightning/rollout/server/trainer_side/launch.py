@@ -163,6 +163,9 @@ class LaunchedServers:
             env["CUDA_VISIBLE_DEVICES"] = spec.gpus
         if _on_cpu(spec):
             env["VLLM_USE_AOT_COMPILE"] = "0"
+            # A CPU server runs eagerly (--enforce-eager above): nothing to compile but one sampler helper, which
+            # would cost each start about 2.5 s of CPU (rollout/vllm_process.py, sampler_helpers_eager).
+            env["TORCH_COMPILE_DISABLE"] = "1"
             if spec.cpus is not None:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpus  # vLLM's own binding would pick a NUMA node's cores
         return env
