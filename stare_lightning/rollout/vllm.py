@@ -98,6 +98,17 @@ def vllm_import_error() -> str | None:
     return None
 
 
+def _require_in_process_vllm() -> None:
+    _require_vllm()
+    import vllm.envs as envs
+
+    if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        raise RuntimeError(
+            "VLLMRolloutEngine runs vLLM in-process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is "
+            "first imported (importing stare_lightning.rollout.vllm first does it)"
+        )
+
+
 def _require_vllm():
     reason = vllm_import_error()
     if reason is not None:
@@ -149,16 +160,10 @@ class VLLMRolloutEngine:
         adapters: AdapterSync | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        _require_vllm()
-        import vllm.envs as envs
+        _require_in_process_vllm()
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
-            raise RuntimeError(
-                "VLLMRolloutEngine runs vLLM in-process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is "
-                "first imported (importing stare_lightning.rollout.vllm first does it)"
-            )
         self.on_cpu = bool(current_platform.is_cpu())
         if self.on_cpu:
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")  # see "Compilation" in the module docstring
