@@ -5,7 +5,7 @@ work of its own, and the suite starts well over a hundred commands. Here one ser
 its first command) imports them once, and each command is a fork of it: a process of its own, with its own pid,
 environment, working directory and output pipe, that runs ``python -m stare_lightning``'s module as a fresh
 interpreter would and exits with its status, atexit handlers and thread joins included. What a fork does not do
-again is the imports: a test of what a command imports, or of how a fresh interpreter starts, asks ``run_cli`` for
+again is the imports (vLLM's included): a test of what a command imports, or of how a fresh interpreter starts, asks ``run_cli`` for
 ``fresh=True``. ``STARE_LIGHTNING_TEST_FORK=0`` runs every command fresh.
 
 ``ForkedCommand`` answers as much of ``subprocess.Popen`` as the tests use: ``pid``, ``stdout`` (text: the
@@ -35,8 +35,10 @@ FORK_ENV = "STARE_LIGHTNING_TEST_FORK"
 _MAX_REQUEST = 1 << 22
 
 
-def forking() -> bool:
-    return os.environ.get(FORK_ENV, "1") != "0"
+def forking(args: list[str] = ()) -> bool:
+    """Whether the command ``args`` runs forked: unless ``STARE_LIGHTNING_TEST_FORK=0``, or ``verbose=true`` (whose
+    vLLM configures its own logging as it is imported, while the server imported it with the project's)."""
+    return os.environ.get(FORK_ENV, "1") != "0" and "verbose=true" not in args
 
 
 class ForkedCommand:
@@ -134,7 +136,7 @@ def run(args: list[str], *, cwd: str | os.PathLike, env: dict[str, str] | None =
     """``subprocess.run([python, "-m", "stare_lightning", *args], capture_output=True, text=True)``, forked (or
     fresh with ``STARE_LIGHTNING_TEST_FORK=0``)."""
     env = dict(os.environ if env is None else env)
-    if not forking():
+    if not forking(args):
         command = [sys.executable, "-m", "stare_lightning", *args]
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     command = ForkedCommand(args, env=env, cwd=cwd, separate_stderr=True)
@@ -187,6 +189,8 @@ def _serve(path: str) -> tuple[dict, list[int]]:
     import stare_lightning.run_config  # noqa: F401
     import stare_lightning.train  # noqa: F401
 
+    _import_vllm()
+
     # Frozen before any fork, as Python's gc.freeze documents: a fork's full collections then neither scan the
     # imports' objects again nor copy the pages holding them (a run freezes its setup: stare_lightning/collector.py).
     gc.collect()
@@ -207,6 +211,23 @@ def _serve(path: str) -> tuple[dict, list[int]]:
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
         threading.Thread(target=_report_exit, args=(conn, pid), daemon=True).start()
+
+
+def _import_vllm() -> None:
+    """vLLM too, where it is installed: a command that samples with it imports it (about 4 s of CPU). As a command
+    imports it: in-process, its logging left to the project's (stare_lightning/console.py sets this before vLLM is
+    imported, unless verbose=true: such a command runs fresh, ``forking``)."""
+    configure = os.environ.get("VLLM_CONFIGURE_LOGGING")
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    try:
+        from stare_lightning.rollout.vllm import vllm_import_error
+
+        vllm_import_error()  # imports vllm.LLM, or says why it cannot
+    finally:
+        if configure is None:
+            os.environ.pop("VLLM_CONFIGURE_LOGGING")
+        else:
+            os.environ["VLLM_CONFIGURE_LOGGING"] = configure
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:

@@ -62,7 +62,7 @@ def run_cli(args, env_cache, *, cwd, entry=("-m", "stare_lightning"), fresh=Fals
     Forked from a process that has imported the stack (``tests/forked_cli.py``) unless ``fresh``, another ``entry``
     or a Popen option other than ``start_new_session`` asks for a fresh interpreter."""
     env = {**os.environ, "STARE_LIGHTNING_CACHE": env_cache, "PYTHONUNBUFFERED": "1"}
-    if not fresh and entry == ("-m", "stare_lightning") and set(kwargs) <= {"start_new_session"} and forking():
+    if not fresh and entry == ("-m", "stare_lightning") and set(kwargs) <= {"start_new_session"} and forking(args):
         return ForkedCommand(list(args), env=env, cwd=cwd, new_session=kwargs.get("start_new_session", False))
     return subprocess.Popen(
         [sys.executable, *entry, *args],
