@@ -5,8 +5,9 @@ work of its own, and the suite starts well over a hundred commands. Here one ser
 its first command) imports them once, and each command is a fork of it: a process of its own, with its own pid,
 environment, working directory and output pipe, that runs ``python -m stare_lightning``'s module as a fresh
 interpreter would and exits with its status, atexit handlers and thread joins included. What a fork does not do
-again is the imports (vLLM's included): a test of what a command imports, or of how a fresh interpreter starts, asks ``run_cli`` for
-``fresh=True``. ``STARE_LIGHTNING_TEST_FORK=0`` runs every command fresh.
+again is the imports (vLLM's included): a test of what a command imports, or of how a fresh interpreter starts, asks
+``run_cli`` for ``fresh=True``. ``STARE_LIGHTNING_TEST_FORK=0`` runs every command fresh. A forked command's DDP or
+FSDP fit forks its further ranks from the server as well.
 
 ``ForkedCommand`` answers as much of ``subprocess.Popen`` as the tests use: ``pid``, ``stdout`` (text: the
 command's stdout, with its stderr unless ``separate_stderr``), ``stderr``, ``poll``, ``wait``, ``communicate``,
@@ -52,20 +53,24 @@ class ForkedCommand:
         cwd: str | os.PathLike,
         new_session: bool = False,
         separate_stderr: bool = False,
+        inherit_output: bool = False,
     ) -> None:
         self.args = [sys.executable, "-m", "stare_lightning", *args]
-        pipes = [os.pipe() for _ in range(2 if separate_stderr else 1)]  # stdout's, then stderr's (else stdout's)
+        # Its stdout's pipe, then its stderr's (else stdout's); or this process's own two (``inherit_output``).
+        pipes = [] if inherit_output else [os.pipe() for _ in range(2 if separate_stderr else 1)]
         request = json.dumps({"args": list(args), "env": env, "cwd": str(cwd), "new_session": new_session}).encode()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._conn.connect(_server().path)
-            socket.send_fds(self._conn, [len(request).to_bytes(4, "little") + request], [w for _, w in pipes])
+            self._conn.connect(_SERVER_PATH or _server().path)
+            outputs = [1, 2] if inherit_output else [w for _, w in pipes]
+            socket.send_fds(self._conn, [len(request).to_bytes(4, "little") + request], outputs)
         finally:
             for _, write_end in pipes:
                 os.close(write_end)
         # The caller reads them.
         streams = [open(r, encoding="utf-8", errors="replace") for r, _ in pipes]  # noqa: SIM115
-        self.stdout, self.stderr = streams[0], streams[1] if separate_stderr else None
+        self.stdout = streams[0] if streams else None
+        self.stderr = streams[1] if separate_stderr else None
         self._answers = b""  # the server's lines: the command's pid, then its exit status
         self.pid = int(self._answer(timeout=None))
         self.returncode: int | None = None
@@ -171,6 +176,7 @@ class _Server:
 
 _SERVER: _Server | None = None
 _SERVER_LOCK = threading.Lock()
+_SERVER_PATH: str | None = None  # in the server and the commands it forks: its socket
 
 
 def _server() -> _Server:
@@ -185,6 +191,8 @@ def _server() -> _Server:
 # ------------------------------------------------------------------------------------------------ the server
 def _serve(path: str) -> tuple[dict, list[int]]:
     """Accept commands for ever; returns only in a forked child, with its request and output descriptors."""
+    global _SERVER_PATH
+    _SERVER_PATH = path
     import stare_lightning.cli  # noqa: F401 - what every command imports, once
     import stare_lightning.run_config  # noqa: F401
     import stare_lightning.train  # noqa: F401
@@ -272,10 +280,38 @@ def _run_command(request: dict, outputs: list[int]) -> None:
     atexit.register(gc.unfreeze)  # the server's freeze: thawed before the last collection, as a run's is (collector.py)
     if os.environ.get("OMP_NUM_THREADS"):  # read when torch was imported in the server: set again
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if not request["new_session"]:
+        _fork_further_ranks()
     main = Path(sys.modules["stare_lightning"].__file__).with_name("__main__.py")
     sys.argv = [str(main), *request["args"]]
     sys.path[0] = request["cwd"]  # where `python -m` looks first: its working directory, not this file's
     runpy.run_module("stare_lightning", run_name="__main__", alter_sys=True)
+
+
+class _RanksForked:
+    """``subprocess`` as Lightning's DDP launcher sees it in a forked command: the further ranks it starts as
+    ``python -m stare_lightning.__main__ ...`` are forked from the server too, writing to the command's own output."""
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(command, *, env=None, cwd=None, **options):  # noqa: N802 - subprocess's name
+        if list(command[:3]) != [sys.executable, "-m", "stare_lightning.__main__"] or options:
+            return subprocess.Popen(command, env=env, cwd=cwd, **options)
+        environment = dict(os.environ if env is None else env)
+        return ForkedCommand(list(command[3:]), env=environment, cwd=cwd or os.getcwd(), inherit_output=True)
+
+
+def _fork_further_ranks() -> None:
+    """Lightning starts a DDP or FSDP fit's further ranks with ``subprocess.Popen`` (a fresh interpreter each: about 5 s
+    of CPU importing before any work); in a forked command they are forked instead. Not in a command that runs in a
+    session of its own: a forked rank could not join its process group, which a test may kill whole."""
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+    for launcher in (fabric_launcher, pytorch_launcher):
+        launcher.subprocess = _RanksForked()
 
 
 if __name__ == "__main__":
