@@ -20,6 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
+from tests import forked_cli
 from tests.needs import require
 
 # Fixtures shared by the test modules that play a second local user (other_user, shared_scratch).
@@ -160,6 +161,9 @@ def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its node id (pytest-xdist
     adds it); if it does not, the group's tests would be split across workers and each would repeat the group's
     expensive setup (a cold start, an engine), so stop before anything runs."""
+    # Commands that sample with vLLM come from end-to-end tests only: without one (make test-fast), the forked-command
+    # server does not import vLLM (about 4 s of CPU per test process).
+    os.environ[forked_cli.VLLM_ENV] = "1" if any(item.get_closest_marker("slow") for item in items) else "0"
     if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "loadgroup", False):
         return
     split = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]

@@ -33,6 +33,8 @@ import threading
 from pathlib import Path
 
 FORK_ENV = "STARE_LIGHTNING_TEST_FORK"
+# "0": the server leaves vLLM out (the session runs no end-to-end test, so no command samples with it; conftest.py).
+VLLM_ENV = "STARE_LIGHTNING_TEST_FORK_VLLM"
 _MAX_REQUEST = 1 << 22
 
 
@@ -197,7 +199,8 @@ def _serve(path: str) -> tuple[dict, list[int]]:
     import stare_lightning.run_config  # noqa: F401
     import stare_lightning.train  # noqa: F401
 
-    _import_vllm()
+    if os.environ.get(VLLM_ENV) != "0":
+        _import_vllm()
 
     # Frozen before any fork, as Python's gc.freeze documents: a fork's full collections then neither scan the
     # imports' objects again nor copy the pages holding them (a run freezes its setup: stare_lightning/collector.py).
