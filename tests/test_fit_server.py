@@ -323,7 +323,7 @@ def test_a_link_cut_mid_push_ends_the_run_in_one_line_and_the_server_keeps_its_w
 
 def _server_pids(log_dir: Path) -> list[int]:
     """The launched servers' process ids, found by the address each one's log names on its first line (a Unix
-    socket's path, or a TCP port)."""
+    socket's path, or a TCP port). A CPU server's engine core, forked, has its command line too: it is left out."""
     addresses = set()
     for log in log_dir.glob("server-*.log"):
         url = log.read_text().splitlines()[0].removeprefix("# rollout server ")
@@ -341,7 +341,14 @@ def _server_pids(log_dir: Path) -> list[int]:
         for flag, value in addresses:
             if flag.encode() in argv and argv[argv.index(flag.encode()) + 1].decode() == value:
                 pids.append(int(proc.name))
-    return pids
+    return [pid for pid in pids if _parent(pid) not in pids]
+
+
+def _parent(pid: int) -> int | None:
+    try:  # the field after the command's name, which is in parentheses and may hold spaces
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError):
+        return None
 
 
 @FAULTS

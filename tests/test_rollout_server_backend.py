@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stare_lightning.rollout.server.shared.engine_start import FORK_ENGINE_CORE_ENV
 from stare_lightning.rollout.server.shared.transfer import (
     DTYPES,
     TransferRefused,
@@ -236,6 +237,10 @@ def test_a_cpu_server_runs_eagerly_with_nothing_to_compile_and_a_gpu_server_as_v
     servers = LaunchedServers("unused", [cpu, gpu], log_dir=tmp_path, token=TOKEN)
     assert "--enforce-eager" in servers.command(cpu) and servers.environment(cpu)["TORCH_COMPILE_DISABLE"] == "1"
     assert "--enforce-eager" not in servers.command(gpu) and "TORCH_COMPILE_DISABLE" not in servers.environment(gpu)
+    # The CPU server forks its engine core; the GPU server's starts as vLLM decides, whatever this process had set.
+    monkeypatch.setenv(FORK_ENGINE_CORE_ENV, "1")
+    assert servers.environment(cpu)[FORK_ENGINE_CORE_ENV] == "1"
+    assert FORK_ENGINE_CORE_ENV not in servers.environment(gpu)
 
 
 # ---- one real server ----
@@ -596,6 +601,22 @@ print(json.dumps({{"renamed": os.path.isdir(parent + "/weights-moved/" + name)}}
     finally:
         engine.close()
         _back_to_the_fixture_directory(url, directory)
+
+
+@SHARES_THE_SERVER
+@pytest.mark.vllm
+def test_a_cpu_server_forks_its_engine_core_instead_of_spawning_an_interpreter(server):
+    """vLLM's CPU platform would spawn the engine core, a fresh interpreter importing vLLM again; multiprocessing
+    starts its resource tracker, one more interpreter, for a spawn and not for a fork. The launched server has one
+    process below it, its engine core, and it serves (every test of this module samples from it)."""
+    import psutil
+
+    path = server[0].removeprefix("unix:")
+    serving = {p.pid: p for p in psutil.process_iter(["cmdline"]) if path in (p.info["cmdline"] or [])}
+    (api,) = [p for p in serving.values() if p.ppid() not in serving]  # a fork keeps its parent's command line
+    below = api.children(recursive=True)
+    assert len(below) == 1, [child.cmdline() for child in below]
+    assert not any("multiprocessing" in " ".join(child.cmdline()) for child in below)
 
 
 FLOOD_ATTEMPTS = 2000  # connections the other user tries to open to the server, spread over FLOOD_SECONDS

@@ -1,4 +1,5 @@
-"""vLLM's ``vllm.general_plugins`` entry point: registers the ``stare_lightning`` weight-transfer backend.
+"""vLLM's ``vllm.general_plugins`` entry point: registers the ``stare_lightning`` weight-transfer backend and, in a
+CPU server our launcher started, lets the API server fork its engine core (``shared/engine_start.py`` says why).
 
 vLLM calls ``register`` in each of its processes (API server, engine core, workers), possibly more than once, so
 it registers only when the name is free. The backend's module is imported only when a worker creates the engine.
@@ -6,6 +7,9 @@ it registers only when the name is free. The backend's module is imported only w
 
 from __future__ import annotations
 
+import os
+
+from stare_lightning.rollout.server.shared.engine_start import FORK_ENGINE_CORE_ENV
 from stare_lightning.rollout.server.shared.transfer import BACKEND
 
 
@@ -16,3 +20,22 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(
             BACKEND, "stare_lightning.rollout.server.in_vllm.transfer_engine", "CheckedWeightTransferEngine"
         )
+    if os.environ.get(FORK_ENGINE_CORE_ENV) == "1":
+        _fork_the_engine_core()
+
+
+def _fork_the_engine_core() -> None:
+    """The CPU platform picks ``spawn`` for vLLM's processes while it checks the engine's config; the config check is
+    wrapped on this process's platform object (vLLM's class is left alone) to pick ``fork`` after it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or getattr(current_platform, "_forks_the_engine_core", False):
+        return
+    check_and_update_config = current_platform.check_and_update_config
+
+    def check_then_fork(vllm_config) -> None:
+        check_and_update_config(vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    current_platform.check_and_update_config = check_then_fork
+    current_platform._forks_the_engine_core = True

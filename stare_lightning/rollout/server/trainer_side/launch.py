@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lightning.rollout.adapters import AdapterSync
+from stare_lightning.rollout.server.shared.engine_start import FORK_ENGINE_CORE_ENV
 from stare_lightning.rollout.server.shared.token import TOKEN_ENV, check_token
 from stare_lightning.rollout.server.shared.transfer import BACKEND
 from stare_lightning.rollout.server.trainer_side import http, private_net
@@ -159,9 +160,11 @@ class LaunchedServers:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if _on_cpu(spec) else "1"
         if self.adapters is not None:  # the load and unload routes exist only with this set
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.pop(FORK_ENGINE_CORE_ENV, None)
         if spec.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = spec.gpus
         if _on_cpu(spec):
+            env[FORK_ENGINE_CORE_ENV] = "1"  # not a second import of vLLM (shared/engine_start.py)
             env["VLLM_USE_AOT_COMPILE"] = "0"
             # A CPU server runs eagerly (--enforce-eager above): nothing to compile but one sampler helper, which
             # would cost each start about 2.5 s of CPU (rollout/vllm_process.py, sampler_helpers_eager).
