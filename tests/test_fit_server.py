@@ -390,12 +390,10 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
     mode 0600, printing the file's path, never the token; a fit without the credential stopped before its first step
     naming the variable; one reaching it by URL with the credential from the file; one whose update overflows,
     stopped before its weights reach the server; then Ctrl-C's signal."""
-    env = {k: v for k, v in os.environ.items() if k != "STARE_LIGHTNING_SERVER_TOKEN"}
-    env["STARE_LIGHTNING_CACHE"] = model_cache
-    command = [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={tmp_path / 'node'}"]
-    server = subprocess.Popen(
-        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    monkeypatch.delenv("STARE_LIGHTNING_SERVER_TOKEN", raising=False)
+    # No cold start: each fit pushes its own weights before its first sample, so what serve loads is a shape only.
+    serve = ["serve", "rollout=server", f"output_dir={tmp_path / 'node'}", "model.cold_start.steps=0"]
+    server = run_cli(serve, model_cache, cwd=tmp_path)
     printed, token = [], None
     try:
         url = None
@@ -413,7 +411,6 @@ def test_a_run_uses_servers_started_elsewhere_with_serve(tmp_path, model_cache, 
         run = tmp_path / "trainer"
         urls = ["rollout=server", "rollout.server.launch=false", f"rollout.server.urls=[{url}]"]
         # Without the credential the trainer stops before its first step, naming the variable to set.
-        monkeypatch.delenv("STARE_LIGHTNING_SERVER_TOKEN", raising=False)
         refused = ServerConfig(launch=False, urls=[url])
         with pytest.raises(
             RolloutServerError, match=r"refused the run's credential: \$STARE_LIGHTNING_SERVER_TOKEN is unset"

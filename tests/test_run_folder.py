@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stare_lightning.run_folder import RunFolder, UnsafeRunFolder
+from tests import forked_cli
 
 TOKEN = "test-token-" + "0123456789" * 3
 ROOTS_ONLY = "a file only root may write\n"
@@ -53,14 +52,7 @@ def test_a_run_folder_another_user_made_first_is_refused_with_nothing_written(
     other_user.run(_PLANT.format(run=str(run), token_target=str(token_target), log_target=str(log_target)))
     before = _entries(run)
     # serve, as a user starts it: one line, exit status 2, before anything is prepared or written.
-    serve = subprocess.run(
-        [sys.executable, "-m", "stare_lightning", "serve", "rollout=server", f"output_dir={run}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )
+    serve = forked_cli.run(["serve", "rollout=server", f"output_dir={run}"], cwd=tmp_path, timeout=300)
     errors = [line for line in serve.stderr.splitlines() if line.startswith("error:")]
     assert serve.returncode == 2 and len(errors) == 1, serve.stderr[-2000:]
     assert f"output_dir {run} is owned by uid {other_user.uid}" in errors[0]
