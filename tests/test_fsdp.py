@@ -194,6 +194,14 @@ def test_two_node_torchrun_launch_matches_one_process(reference, tmp_path, model
     _assert_same_steps(reference, run)
 
 
+def _logged_steps(run) -> set[int]:
+    """The training steps rank 0 has written to ``metrics.csv`` so far (none while the file is being rewritten)."""
+    try:
+        return set(train_rows(read_metrics(run)))
+    except (OSError, ValueError, KeyError):
+        return set()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with slurm_cluster("fsdp", 1, nodes=2) as nodes:
@@ -204,8 +212,9 @@ def test_slurm_fit_on_two_real_nodes_survives_a_lost_rank_and_matches_one_proces
     reference, cluster, tmp_path, model_cache
 ):
     """``sbatch scripts/slurm_fit.sh`` as its header asks, on CPU nodes (``--gpus-per-node=0``): one rank a node,
-    meeting over the cluster network. The rank on node2 is killed after the step-2 checkpoint; the job ends, and the
-    same job resubmitted with ``ckpt_path=last`` finishes with the one-process run's steps and final weights."""
+    meeting over the cluster network. The rank on node2 is killed after the step-2 checkpoint and step 1's metrics;
+    the job ends, and the same job resubmitted with ``ckpt_path=last`` finishes with the one-process run's steps and
+    final weights."""
     cluster.copy_models(model_cache)
     run = cluster.shared / "slurm_fit"
     job = ["--nodes=2", "--gpus-per-node=0", str(REPO / "scripts" / "slurm_fit.sh"), *SHARDED, f"output_dir={run}"]
@@ -219,7 +228,9 @@ def test_slurm_fit_on_two_real_nodes_survives_a_lost_rank_and_matches_one_proces
         rank = cluster.pids("node2", "-m stare_lightning fit")
         time.sleep(0.2)
     assert len(rank) == 1, rank
-    while not all(p.exists() for p in checkpoint) and Path(f"/proc/{rank[0]}").exists():
+    # After the checkpoint's files Lightning holds every rank at a barrier, and only then logs the step's metrics
+    # (rank 0). A kill before that row loses it for good (the resumed job starts at step 2): wait for it too.
+    while not (all(p.exists() for p in checkpoint) and 1 in _logged_steps(run)) and Path(f"/proc/{rank[0]}").exists():
         assert time.time() < deadline, "no step-2 checkpoint after 900 s"
         time.sleep(0.01)
     assert signal_each(rank, signal.SIGKILL) == 1
