@@ -61,8 +61,12 @@ def cold_start_dir(cfg: RunConfig, datamodule: PromptDataModule, cache_dir: Path
 
 
 def records_digest(datamodule: PromptDataModule) -> str:
-    """A digest of the training records, in order: what a warm-up learns from."""
-    rows = [dataclasses.astuple(record) for record in datamodule.train_records]
+    """A digest of the training records, in order: what a warm-up learns from. Each record is its fields' values as
+    they are: ``dataclasses.astuple`` would deep-copy every value first (about 1.5 s for the built-in task's records,
+    at every start) for the same JSON text."""
+    records = datamodule.train_records
+    names = [field.name for field in dataclasses.fields(records[0])] if records else []
+    rows = [[getattr(record, name) for name in names] for record in records]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -101,3 +101,39 @@ def test_the_cold_start_key_holds_what_the_warm_up_reads_only(tmp_path):
     assert target("data.val_size=7") != default
     assert target("data.train_size=50") != default
     assert target("model.cold_start.steps=11") != default
+
+
+def test_the_records_digest_is_the_deep_copying_digests_and_sees_every_field(tmp_path):
+    """The digest in the cold start's key against the slow one it replaced (``dataclasses.astuple``, which deep-copies
+    every value first): the same hex digest, so the warm-ups already cached keep their keys, on the built-in task's
+    records and on chat records with nested metadata; and a change to any field, or to the order, changes it."""
+    import dataclasses
+    import hashlib
+    import json
+    from types import SimpleNamespace
+
+    from stare_lightning.cli import compose, prepare_config
+    from stare_lightning.data.datamodule import PromptDataModule
+    from stare_lightning.data.records import PromptRecord
+    from stare_lightning.train import records_digest
+
+    def reference(records):
+        rows = [dataclasses.astuple(record) for record in records]
+        return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+
+    datamodule = PromptDataModule(prepare_config(compose([f"output_dir={tmp_path}"]))[1].data, tokenizer=None)
+    datamodule.load_records()
+    chat = [{"role": "user", "content": "1 + 1?"}]
+    chats = [
+        PromptRecord(f"c{i}", None, chat, str(i + 1), "math", {"source": {"tags": ["a", i]}, "level": i / 2})
+        for i in range(3)
+    ]
+    for records in (datamodule.train_records, chats, []):
+        assert records_digest(SimpleNamespace(train_records=records)) == reference(records)
+    digest = records_digest(SimpleNamespace(train_records=chats))
+    for changed in (
+        [chats[0], chats[2], chats[1]],
+        [*chats[:2], dataclasses.replace(chats[2], answer="4")],
+        [*chats[:2], dataclasses.replace(chats[2], metadata={"source": {"tags": ["a", 2]}, "level": 1.5})],
+    ):
+        assert records_digest(SimpleNamespace(train_records=changed)) != digest
