@@ -156,11 +156,11 @@ from stare_lightning.rollout.server.shared.net_wire import new_nonce, pack_chunk
 token, peer = sys.argv[1], sys.argv[2]
 ((info, buffer),) = pack_chunks([("a.weight", torch.arange(12.0).reshape(3, 4))], token, chunk_bytes=1 << 20)
 address = route_address(peer)
-store, nonce = host_store(address, 0, 15.0), new_nonce()
+store, nonce = host_store(address, 0, 8.0), new_nonce()
 print(json.dumps({"address": address, "port": store.port, "nonce": nonce, "info": info}), flush=True)
 sys.stdin.readline()
 try:
-    TransferGroup(store, rendezvous_prefix(token, nonce, 0), TRAINER_RANK, address, 15.0).send(buffer)
+    TransferGroup(store, rendezvous_prefix(token, nonce, 0), TRAINER_RANK, address, 8.0).send(buffer)
     print("sent")
 except RuntimeError as error:
     print("not met:", str(error).splitlines()[0])
@@ -198,7 +198,7 @@ def test_a_host_without_the_secret_cannot_join_the_weight_transfer_group(cluster
     token = "cluster-run-secret-" + "0123456789" * 3
     trainer = cluster.popen("node2", sys.executable, "-c", NET_TRAINER, token, "stranger")
     where = json.loads(_first_line(trainer, "{"))
-    init = {key: where[key] for key in ("address", "port", "nonce")} | {"member": 0, "timeout_s": 15.0}
+    init = {key: where[key] for key in ("address", "port", "nonce")} | {"member": 0, "timeout_s": 8.0}
     secret = token if knows_the_secret else "a-guess-at-the-secret-" + "x" * 20
     job = [sys.executable, "-c", NET_WORKER, json.dumps(init), json.dumps(where["info"])]
     worker = cluster.popen("stranger", *job, env={"STARE_LIGHTNING_SERVER_TOKEN": secret})
