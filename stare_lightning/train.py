@@ -62,7 +62,7 @@ def cold_start_dir(cfg: RunConfig, datamodule: PromptDataModule, cache_dir: Path
 
 def records_digest(datamodule: PromptDataModule) -> str:
     """A digest of the training records, in order: what a warm-up learns from. Each record is its fields' values as
-    they are: ``dataclasses.astuple`` would deep-copy every value first (about 1.5 s for the built-in task's records,
+    they are: ``dataclasses.astuple`` would deep-copy every value first (about 0.5 s for the built-in task's records,
     at every start) for the same JSON text."""
     records = datamodule.train_records
     names = [field.name for field in dataclasses.fields(records[0])] if records else []
