@@ -198,7 +198,7 @@ def _logged_steps(run) -> set[int]:
     """The training steps rank 0 has written to ``metrics.csv`` so far (none while the file is being rewritten)."""
     try:
         return set(train_rows(read_metrics(run)))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):  # a row cut short reads as None
         return set()
 
 
