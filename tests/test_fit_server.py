@@ -147,20 +147,23 @@ def test_a_rollout_node_lost_mid_run_ends_the_slurm_job_in_one_line(cluster, mod
     assert "adapters go to 1 rollout server(s) inside their load requests" in lost.output
 
 
-# The trainer's side of a network push on node2: hosts the rendezvous store on its cluster address, prints where, and
-# on a line from stdin joins member 0's group under the secret's prefix and sends one chunk.
+# How long each side of the stranger test waits for the other to join: both join once their imports are done, so the
+# control meets well within it; the stranger's case waits it out.
+JOIN_TIMEOUT_S = 8.0
+# The trainer's side of a network push on node2 (argv: secret, peer, timeout): hosts the rendezvous store on its cluster
+# address, prints where, and on a line from stdin joins member 0's group under the secret's prefix and sends one chunk.
 NET_TRAINER = """
 import json, sys, torch
 from stare_lightning.rollout.server.shared.net_group import TRAINER_RANK, TransferGroup, host_store, route_address
 from stare_lightning.rollout.server.shared.net_wire import new_nonce, pack_chunks, rendezvous_prefix
-token, peer = sys.argv[1], sys.argv[2]
+token, peer, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 ((info, buffer),) = pack_chunks([("a.weight", torch.arange(12.0).reshape(3, 4))], token, chunk_bytes=1 << 20)
 address = route_address(peer)
-store, nonce = host_store(address, 0, 8.0), new_nonce()
+store, nonce = host_store(address, 0, timeout), new_nonce()
 print(json.dumps({"address": address, "port": store.port, "nonce": nonce, "info": info}), flush=True)
 sys.stdin.readline()
 try:
-    TransferGroup(store, rendezvous_prefix(token, nonce, 0), TRAINER_RANK, address, 8.0).send(buffer)
+    TransferGroup(store, rendezvous_prefix(token, nonce, 0), TRAINER_RANK, address, timeout).send(buffer)
     print("sent")
 except RuntimeError as error:
     print("not met:", str(error).splitlines()[0])
@@ -196,9 +199,9 @@ def test_a_host_without_the_secret_cannot_join_the_weight_transfer_group(cluster
     if "stranger" not in cluster.script("status").stdout:
         cluster.script("host", "stranger")
     token = "cluster-run-secret-" + "0123456789" * 3
-    trainer = cluster.popen("node2", sys.executable, "-c", NET_TRAINER, token, "stranger")
+    trainer = cluster.popen("node2", sys.executable, "-c", NET_TRAINER, token, "stranger", str(JOIN_TIMEOUT_S))
     where = json.loads(_first_line(trainer, "{"))
-    init = {key: where[key] for key in ("address", "port", "nonce")} | {"member": 0, "timeout_s": 8.0}
+    init = {key: where[key] for key in ("address", "port", "nonce")} | {"member": 0, "timeout_s": JOIN_TIMEOUT_S}
     secret = token if knows_the_secret else "a-guess-at-the-secret-" + "x" * 20
     job = [sys.executable, "-c", NET_WORKER, json.dumps(init), json.dumps(where["info"])]
     worker = cluster.popen("stranger", *job, env={"STARE_LIGHTNING_SERVER_TOKEN": secret})
