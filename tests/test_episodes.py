@@ -38,8 +38,9 @@ TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "data.val_size=
 BUDGET, TURNS = 96, 2
 
 
-@pytest.fixture(scope="module")
-def tool_policy_dir(model_cache, tmp_path_factory):
+def warmed_tool_policy(tmp_path_factory):
+    """The tool policy's directory, after its cold start (run once per session, under the model cache's lock), and
+    the data module whose records it learned from."""
     from stare_lightning.data.datamodule import PromptDataModule
     from stare_lightning.train import prepare_model
 
@@ -47,6 +48,11 @@ def tool_policy_dir(model_cache, tmp_path_factory):
     datamodule = PromptDataModule(cfg.data, tokenizer=None)
     datamodule.load_records()
     return str(prepare_model(cfg, datamodule, build_tool("calculator"))), datamodule
+
+
+@pytest.fixture(scope="module")
+def tool_policy_dir(model_cache, tmp_path_factory):
+    return warmed_tool_policy(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

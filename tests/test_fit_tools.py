@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_episodes import TOOL_RUN
+from tests.test_episodes import TOOL_RUN, warmed_tool_policy
 from tests.test_fit import read_metrics, run_cli, train_rows
 
 # On the worker that runs tests/test_episodes.py: these fits share its tool policy's cold start (another worker would
@@ -67,19 +67,35 @@ def test_tool_countdown_fit_with_vllm_logs_tool_telemetry_and_dumps_episodes(tmp
     assert "<interpreter>" in episode["segments"][1][1]
 
 
+@pytest.fixture(scope="module")
+def calculator_policy(model_cache, tmp_path_factory):
+    """The calculator's tool policy of tests/test_episodes.py (its cold start is cached by then)."""
+    return warmed_tool_policy(tmp_path_factory)[0]
+
+
 @pytest.mark.needs("sandbox")
-def test_tool_countdown_fit_with_the_sandboxed_interpreter(tmp_path, model_cache):
-    """Calls run in the bubblewrap sandbox (the cold start's traces call print(EXPR)); each step waits for the
-    interpreter's processes and goes on."""
+def test_tool_countdown_fit_with_the_sandboxed_interpreter(tmp_path, model_cache, calculator_policy):
+    """Calls run in the bubblewrap sandbox; each step waits for the interpreter's processes and goes on.
+
+    The fit starts from the calculator's policy, a local model directory with no warm-up of its own (the
+    interpreter's traces would take one as long as the calculator's). Its calls are bare expressions, which the
+    interpreter runs and prints nothing for: this test checks that calls run, not that their replies help."""
     args = [f"output_dir={tmp_path}", *SHORT, "rollout=hf", "trainer.max_steps=2", "validation.before_fit=false"]
-    # The interpreter's traces are a warm-up of their own; 100 steps give a policy that calls the tool about
-    # once an episode, which is all this test needs (it checks the calls, not the answers). It rarely answers right,
-    # so dynamic sampling would find almost every group's rewards equal and sample a step ten times over.
-    interpreter = ["tools=python", "tools.timeout_seconds=5", "model.cold_start.steps=100"]
-    _fit([*args, *interpreter, "algorithm.collection.dynamic_sampling=false"], model_cache, tmp_path)
+    interpreter = ["tools=python", "tools.timeout_seconds=5"]
+    start = [f"model.name_or_path={calculator_policy}", "model.cold_start=null"]
+    # It rarely answers right, so dynamic sampling would find almost every group's rewards equal and sample a step
+    # ten times over.
+    _fit([*args, *interpreter, *start, "algorithm.collection.dynamic_sampling=false"], model_cache, tmp_path)
     steps = train_rows(read_metrics(tmp_path))
     assert sorted(steps) == [0, 1]
-    assert all(r["train/tool/calls_per_episode"] > 0 and r["train/time/tool"] > 0 for r in steps.values())
+    for row in steps.values():
+        assert row["train/tool/calls_per_episode"] > 0 and row["train/time/tool"] > 0
+        assert row["train/tool/error_rate"] < 1  # some calls were well formed, so the sandbox ran them
+    episodes = [
+        e for line in (tmp_path / "rollouts.jsonl").read_text().splitlines() for e in json.loads(line)["episodes"]
+    ]
+    ran = [e for e in episodes if e["tool_calls"] and not e["tool_errors"] and not e["malformed_calls"]]
+    assert ran and all(e["tool_seconds"] > 0 for e in ran)
 
 
 def test_tool_episodes_on_two_ranks_match_one_rank(tmp_path, model_cache):
