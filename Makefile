@@ -64,11 +64,18 @@ lint: install
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -rs -x -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
+# The project's modules are compiled to bytecode first (about half a second): where PYTHONDONTWRITEBYTECODE is set,
+# as on many CI machines, every interpreter the suite starts (servers, ranks, notebook kernels: about 480) would
+# otherwise compile them again (up to half a second each), since none may write what it compiled.
+COMPILE := $(PY) -m compileall -q stare_lightning tests scripts benchmarks
+
 test: lint
+	$(COMPILE)
 	$(WITH_ALLOCATOR) $(PYTEST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the end-to-end runs (Trainer fits, multi-process, the vLLM engine).
 test-fast: lint
+	$(COMPILE)
 	$(WITH_ALLOCATOR) $(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # GRPO (with dynamic sampling, the paper's baseline) against STARE-O1 on the default task over SEEDS, then
