@@ -29,12 +29,19 @@ from stare_lightning.tools import ToolResult, build_format, build_tool
 # worker asking for the same cold start would wait on its lock, idle).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tool_policy")]
 
-# The cold start the offline tool experiment uses, on fewer records and steps (cached for the session). After 150
-# steps the policy calls the calculator in most episodes and still writes a malformed call now and then, and on the
-# two-rank fit of tests/test_fit_tools.py one step keeps fewer groups than there are ranks (step/collect.py's
-# stand-in). The held-out problems are left out of the training records, so data.val_size is part of what the cold start
-# learns from: every test of the tool policy uses the same value and shares one warm-up.
-TOOL_RUN = ["experiment=tool_countdown", "data.train_size=2000", "data.val_size=8", "model.cold_start.steps=150"]
+# The cold start the offline tool experiment uses, on fewer records, steps and examples a step (cached for the
+# session). After 150 steps of 32 examples the policy calls the calculator in most episodes (23 of the 24 below) and
+# still writes a malformed call now and then, and on the two-rank fit of tests/test_fit_tools.py one step keeps fewer
+# groups than there are ranks (step/collect.py's stand-in); the experiment's 64 a step would cost twice as much for
+# the same. The held-out problems are left out of the training records, so data.val_size is part of what the cold
+# start learns from: every test of the tool policy uses the same value and shares one warm-up.
+TOOL_RUN = [
+    "experiment=tool_countdown",
+    "data.train_size=2000",
+    "data.val_size=8",
+    "model.cold_start.steps=150",
+    "model.cold_start.batch_size=32",
+]
 BUDGET, TURNS = 96, 2
 
 
