@@ -157,14 +157,14 @@ def test_settings_are_algorithm_stares():
 
 
 def test_imports_no_lightning_hydra_or_omegaconf():
+    heavy = "{'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'omegaconf', 'trl'}"
+    seen = f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy}))\n"
     code = (
-        "import sys, stare_lightning.integrations.pytorch\n"
-        "heavy = {'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'omegaconf', 'trl'}\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
+        f"import sys, stare_lightning.integrations.pytorch\n{seen}"
+        # Control, in the same interpreter: a callback of the trainer does import Lightning, so the check can see it.
+        f"import stare_lightning.callbacks.entropy_guard\n{seen}"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-    # Control: a callback of the trainer does import Lightning, so the check can see it.
-    code_control = code.replace("stare_lightning.integrations.pytorch", "stare_lightning.callbacks.entropy_guard")
-    out = subprocess.run([sys.executable, "-c", code_control], capture_output=True, text=True, check=True).stdout
-    assert "lightning" in out
+    alone, control = out.strip().splitlines()[-2:]
+    assert alone == "[]", out
+    assert "lightning" in control, out
